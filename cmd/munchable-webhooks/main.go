@@ -1,0 +1,47 @@
+// Command munchable-webhooks receives Stripe and Resend webhooks and applies
+// each event's effect once: entitlements from Stripe subscription events,
+// support-queue messages from inbound mail and the site's support form.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: munchable-webhooks [command]
+
+commands:
+  serve     apply pending migrations, then serve HTTP until SIGTERM/SIGINT (default)
+  migrate   apply pending migrations and exit
+
+Configuration comes from the environment; see README.md.`
+
+// run is the whole program, with its surroundings passed in so that tests
+// can run it in-process.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 1 {
+		cmd = args[1]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, environ, stdout)
+	case "migrate":
+		return migrate(ctx, environ, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	default:
+		fmt.Fprintln(stderr, usage)
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+}

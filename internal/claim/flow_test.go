@@ -1,0 +1,303 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+var stripe = Provider{Name: "stripe", DedupeTTL: time.Hour}
+
+func newTestFlow(t *testing.T, s *Store, handlerTimeout time.Duration) *Flow {
+	t.Helper()
+	return NewFlow(s, FlowConfig{
+		HandlerTimeout: handlerTimeout,
+		Logger:         slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		Registerer:     prometheus.NewRegistry(),
+	})
+}
+
+// counter counts Apply calls: the number of times an effect would be applied.
+type counter struct{ n atomic.Int32 }
+
+func (c *counter) apply(err error) func(context.Context) error {
+	return func(context.Context) error {
+		c.n.Add(1)
+		return err
+	}
+}
+
+func delivery(id string, apply func(context.Context) error) Delivery {
+	return Delivery{EventID: id, EventType: "test.event", Body: []byte(`{"id":"` + id + `"}`), Apply: apply}
+}
+
+func TestRunFirstThenDuplicate(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	var c counter
+
+	if o := f.Run(t.Context(), stripe, delivery("evt_a", c.apply(nil))); o.Result != Processed || o.Degraded != "" {
+		t.Fatalf("first run = %+v, want processed", o)
+	}
+	if o := f.Run(t.Context(), stripe, delivery("evt_a", c.apply(nil))); o.Result != Duplicate || o.Mismatch {
+		t.Fatalf("second run = %+v, want duplicate", o)
+	}
+	if got := c.n.Load(); got != 1 {
+		t.Errorf("applied %d times, want 1", got)
+	}
+}
+
+// Only a confirmed key is a duplicate: a retry that meets a claim still
+// being processed must be told to come back, not that it is done.
+func TestRunInProgressIsNotDuplicate(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, 5*time.Second)
+	started, release := make(chan struct{}), make(chan struct{})
+	var first Outcome
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		first = f.Run(t.Context(), stripe, delivery("evt_b", func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		}))
+	})
+	<-started
+	var c counter
+	retry := f.Run(t.Context(), stripe, delivery("evt_b", c.apply(nil)))
+	close(release)
+	wg.Wait()
+
+	if retry.Result != Progressing || retry.RetryAfter <= 50*time.Second {
+		t.Errorf("retry during processing = %+v, want in progress with about a minute to wait", retry)
+	}
+	if c.n.Load() != 0 {
+		t.Error("the retry applied the event while the first attempt held the claim")
+	}
+	if first.Result != Processed {
+		t.Errorf("first attempt = %+v, want processed", first)
+	}
+}
+
+func TestRunFailureReleasesForRetry(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, rdb := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	var c counter
+
+	o := f.Run(ctx, stripe, delivery("evt_c", c.apply(errors.New("postgres down"))))
+	if o.Result != Failed {
+		t.Fatalf("failing run = %+v, want failed", o)
+	}
+	if n := rdb.Exists(ctx, s.Key("stripe", "evt_c")).Val(); n != 0 {
+		t.Fatal("claim still held after a caught failure")
+	}
+	if o := f.Run(ctx, stripe, delivery("evt_c", c.apply(nil))); o.Result != Processed {
+		t.Fatalf("retry = %+v, want processed", o)
+	}
+}
+
+func TestRunPanicReleases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, rdb := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	o := f.Run(ctx, stripe, delivery("evt_p", func(context.Context) error { panic("boom") }))
+	if o.Result != Failed || o.Err == nil {
+		t.Fatalf("panicking run = %+v, want failed with an error", o)
+	}
+	if n := rdb.Exists(ctx, s.Key("stripe", "evt_p")).Val(); n != 0 {
+		t.Fatal("claim still held after a panic")
+	}
+}
+
+func TestRunHandlerDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, rdb := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, 100*time.Millisecond)
+	start := time.Now()
+	o := f.Run(ctx, stripe, delivery("evt_d", func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	if o.Result != Failed || !errors.Is(o.Err, context.DeadlineExceeded) {
+		t.Fatalf("stuck handler = %+v, want failed by the deadline", o)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("stuck handler answered after %s, deadline 100ms", elapsed)
+	}
+	if n := rdb.Exists(ctx, s.Key("stripe", "evt_d")).Val(); n != 0 {
+		t.Fatal("claim still held after the deadline")
+	}
+}
+
+// The provider hanging up must not abort an effect that is about to commit.
+func TestRunSurvivesRequestCancellation(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, 5*time.Second)
+	ctx, cancel := context.WithCancel(t.Context())
+	o := f.Run(ctx, stripe, delivery("evt_cancel", func(ctx context.Context) error {
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+		return ctx.Err()
+	}))
+	if o.Result != Processed {
+		t.Fatalf("run whose request was cancelled = %+v, want processed", o)
+	}
+}
+
+func TestRunConcurrentDuplicatesApplyOnce(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, 5*time.Second)
+	var c counter
+	apply := func(context.Context) error {
+		c.n.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	}
+	results := make(chan Result, 20)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() { results <- f.Run(t.Context(), stripe, delivery("evt_e", apply)).Result })
+	}
+	wg.Wait()
+	close(results)
+	counts := map[Result]int{}
+	for r := range results {
+		counts[r]++
+	}
+	if c.n.Load() != 1 || counts[Processed] != 1 || counts[Progressing]+counts[Duplicate] != 19 {
+		t.Errorf("20 concurrent deliveries: applied %d times, outcomes %v; want 1 applied, 1 processed, 19 in progress or duplicate", c.n.Load(), counts)
+	}
+}
+
+func TestRunWithoutRedis(t *testing.T) {
+	t.Parallel()
+	s := NewStore(nil, StoreConfig{Prefix: "webhook", Timeout: time.Second, ProcessingTTL: time.Minute})
+
+	t.Run("open", func(t *testing.T) {
+		f := newTestFlow(t, s, time.Second)
+		var c counter
+		o := f.Run(t.Context(), stripe, delivery("evt_f", c.apply(nil)))
+		if o.Result != Processed || o.Degraded != ReasonNoRedis || c.n.Load() != 1 {
+			t.Fatalf("fail-open run = %+v (applied %d), want processed, degraded no_redis", o, c.n.Load())
+		}
+		if got := testutil.ToFloat64(f.metrics.degraded.WithLabelValues("stripe", ReasonNoRedis)); got != 1 {
+			t.Errorf("degraded metric = %v, want 1", got)
+		}
+	})
+	t.Run("closed", func(t *testing.T) {
+		f := newTestFlow(t, s, time.Second)
+		var c counter
+		closed := stripe
+		closed.FailClosed = true
+		o := f.Run(t.Context(), closed, delivery("evt_g", c.apply(nil)))
+		if o.Result != Unavailable || o.RetryAfter <= 0 || c.n.Load() != 0 {
+			t.Fatalf("fail-closed run = %+v (applied %d), want unavailable with a Retry-After and nothing run", o, c.n.Load())
+		}
+	})
+}
+
+func TestRunRedisErrorFailsOpen(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	broken := NewStore(s.rdb, StoreConfig{Prefix: s.prefix, Timeout: time.Second, ProcessingTTL: time.Minute})
+	closedClient := *s.rdb.Options()
+	closedClient.Addr = "127.0.0.1:1" // nothing listens on port 1
+	closedClient.MaxRetries = -1
+	broken.rdb = newClient(t, &closedClient)
+	f := newTestFlow(t, broken, time.Second)
+	var c counter
+	o := f.Run(t.Context(), stripe, delivery("evt_h", c.apply(nil)))
+	if o.Result != Processed || o.Degraded != ReasonRedisError || c.n.Load() != 1 {
+		t.Fatalf("run with redis refusing = %+v (applied %d), want processed, degraded redis_error", o, c.n.Load())
+	}
+}
+
+func TestRunBodyMismatch(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	var c counter
+	d := delivery("evt_m", c.apply(nil))
+	if o := f.Run(t.Context(), stripe, d); o.Result != Processed {
+		t.Fatalf("first = %+v", o)
+	}
+	d.Body = []byte(`{"id":"evt_m","forged":true}`)
+	o := f.Run(t.Context(), stripe, d)
+	if o.Result != Duplicate || !o.Mismatch || c.n.Load() != 1 {
+		t.Fatalf("same id, other body = %+v (applied %d), want a duplicate flagged as mismatch, nothing applied", o, c.n.Load())
+	}
+	if got := testutil.ToFloat64(f.metrics.mismatch.WithLabelValues("stripe")); got != 1 {
+		t.Errorf("mismatch metric = %v, want 1", got)
+	}
+}
+
+// respond is the one mapping from outcome to answer: DESIGN.md's table.
+func TestRespond(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		o          Outcome
+		status     int
+		idem       string
+		retryAfter string
+		body       string
+	}{
+		{"processed", Outcome{Result: Processed}, 200, "first", "", `{"received":true}`},
+		{"failed", Outcome{Result: Failed}, 500, "first", "", `{"error":"webhook processing failed"}`},
+		{"duplicate", Outcome{Result: Duplicate}, 200, "duplicate", "", `{"received":true,"skipped":true}`},
+		{"in progress", Outcome{Result: Progressing, RetryAfter: 90500 * time.Millisecond}, 409, "in-progress", "91", ""},
+		{"in progress, under a second", Outcome{Result: Progressing, RetryAfter: 10 * time.Millisecond}, 409, "in-progress", "1", ""},
+		{"degraded processed", Outcome{Result: Processed, Degraded: ReasonNoRedis}, 200, "degraded", "", `{"received":true}`},
+		{"degraded failed", Outcome{Result: Failed, Degraded: ReasonRedisError}, 500, "degraded", "", ""},
+		{"fail closed", Outcome{Result: Unavailable, Degraded: ReasonRedisError, RetryAfter: 5 * time.Second}, 503, "degraded", "5", ""},
+		{"ignored", Outcome{Result: Ignored}, 200, "", "", `{"received":true,"ignored":true}`},
+		{"rejected", Outcome{Result: Rejected, Err: errors.New("bad signature")}, 400, "", "", ""},
+		{"too large", Outcome{Result: Rejected, Err: &http.MaxBytesError{Limit: MaxBody}}, 413, "", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w := httptest.NewRecorder()
+			respond(w, tt.o)
+			if w.Code != tt.status {
+				t.Errorf("status = %d, want %d", w.Code, tt.status)
+			}
+			if got := w.Header().Get(HeaderIdempotency); got != tt.idem {
+				t.Errorf("%s = %q, want %q", HeaderIdempotency, got, tt.idem)
+			}
+			if got := w.Header().Get("Retry-After"); got != tt.retryAfter {
+				t.Errorf("Retry-After = %q, want %q", got, tt.retryAfter)
+			}
+			if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
+			}
+			if tt.body != "" && w.Body.String() != tt.body {
+				t.Errorf("body = %s, want %s", w.Body, tt.body)
+			}
+			if tt.retryAfter != "" {
+				if n, err := strconv.Atoi(tt.retryAfter); err != nil || n < 1 {
+					t.Errorf("Retry-After %q is not a whole number of seconds >= 1", tt.retryAfter)
+				}
+			}
+		})
+	}
+}

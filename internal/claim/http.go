@@ -1,0 +1,96 @@
+package claim
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// MaxBody is the largest webhook body accepted; larger ones get 413.
+const MaxBody = 1 << 20
+
+// ReadBody reads the request body, capped at MaxBody. A body over the cap
+// returns an error that Reject answers with 413.
+func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= MaxBody {
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	if _, err := buf.ReadFrom(r.Body); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Idempotency header values.
+const (
+	HeaderIdempotency = "Webhook-Idempotency"
+	idemFirst         = "first"
+	idemDuplicate     = "duplicate"
+	idemInProgress    = "in-progress"
+	idemDegraded      = "degraded"
+)
+
+var (
+	bodyReceived   = []byte(`{"received":true}`)
+	bodySkipped    = []byte(`{"received":true,"skipped":true}`)
+	bodyIgnored    = []byte(`{"received":true,"ignored":true}`)
+	bodyFailed     = []byte(`{"error":"webhook processing failed"}`)
+	bodyInProgress = []byte(`{"error":"delivery in progress, retry later"}`)
+	bodyUnavail    = []byte(`{"error":"idempotency store unavailable, retry later"}`)
+	bodyTooLarge   = []byte(`{"error":"body too large"}`)
+	bodyInvalid    = []byte(`{"error":"invalid webhook"}`)
+)
+
+// respond is the one place an Outcome becomes a status code, headers and a
+// JSON body (the table in DESIGN.md).
+func respond(w http.ResponseWriter, o Outcome) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	var status int
+	var body []byte
+	switch o.Result {
+	case Processed:
+		status, body = http.StatusOK, bodyReceived
+		h.Set(HeaderIdempotency, idemFirst)
+	case Failed:
+		status, body = http.StatusInternalServerError, bodyFailed
+		h.Set(HeaderIdempotency, idemFirst)
+	case Duplicate:
+		status, body = http.StatusOK, bodySkipped
+		h.Set(HeaderIdempotency, idemDuplicate)
+	case Progressing:
+		status, body = http.StatusConflict, bodyInProgress
+		h.Set(HeaderIdempotency, idemInProgress)
+		h.Set("Retry-After", retryAfter(o.RetryAfter))
+	case Unavailable:
+		status, body = http.StatusServiceUnavailable, bodyUnavail
+		h.Set(HeaderIdempotency, idemDegraded)
+		h.Set("Retry-After", retryAfter(o.RetryAfter))
+	case Ignored:
+		status, body = http.StatusOK, bodyIgnored
+	case Rejected:
+		status, body = http.StatusBadRequest, bodyInvalid
+		var tooLarge *http.MaxBytesError
+		if errors.As(o.Err, &tooLarge) {
+			status, body = http.StatusRequestEntityTooLarge, bodyTooLarge
+		}
+	default:
+		status, body = http.StatusInternalServerError, bodyFailed
+	}
+	if o.Degraded != "" {
+		h.Set(HeaderIdempotency, idemDegraded)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// retryAfter renders d as whole seconds, rounded up, at least 1.
+func retryAfter(d time.Duration) string {
+	s := int64(math.Ceil(d.Seconds()))
+	return strconv.FormatInt(max(s, 1), 10)
+}
