@@ -71,6 +71,10 @@ func (secret) String() string       { return "[redacted]" }
 func (secret) LogValue() slog.Value { return slog.StringValue("[redacted]") }
 func (s secret) GoString() string   { return s.String() }
 
+// MarshalText keeps the secret out of JSON and text encodings, which do not
+// consult LogValue for a nested field.
+func (secret) MarshalText() ([]byte, error) { return []byte("[redacted]"), nil }
+
 // Horizons of the providers' retries: a done key that expires sooner lets a
 // late retry apply the event again (harmlessly, but needlessly).
 const (
@@ -97,10 +101,21 @@ func parseEnv[T interface{ validate() []error }](environ []string) (T, error) {
 	}
 	cfg, err := env.ParseAsWithOptions[T](env.Options{Environment: vars})
 	var problems []error
+	unparsed := map[string]bool{}
 	if err != nil {
-		problems = append(problems, parseProblems[T](err)...)
+		problems = parseProblems[T](err)
+		for _, p := range problems {
+			name, _, _ := strings.Cut(p.Error(), " ")
+			unparsed[name] = true
+		}
 	}
-	problems = append(problems, cfg.validate()...)
+	// A value that did not parse is not reported a second time as out of
+	// range (each problem starts with its variable's name).
+	for _, p := range cfg.validate() {
+		if name, _, _ := strings.Cut(p.Error(), " "); !unparsed[name] {
+			problems = append(problems, p)
+		}
+	}
 	return cfg, errors.Join(problems...)
 }
 
@@ -186,9 +201,12 @@ func (c config) validate() []error {
 	if c.ClaimProcessingTTL > 0 && c.ClaimProcessingTTL%time.Millisecond != 0 {
 		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds")
 	}
-	for name, mode := range map[string]string{"STRIPE_CLAIM_FAILURE_MODE": c.StripeClaimFailureMode, "RESEND_CLAIM_FAILURE_MODE": c.ResendClaimFailureMode} {
-		if mode != "open" && mode != "closed" {
-			add("%s is %q: want open or closed", name, mode)
+	for _, m := range []struct{ name, mode string }{
+		{"STRIPE_CLAIM_FAILURE_MODE", c.StripeClaimFailureMode},
+		{"RESEND_CLAIM_FAILURE_MODE", c.ResendClaimFailureMode},
+	} {
+		if m.mode != "open" && m.mode != "closed" {
+			add("%s is %q: want open or closed", m.name, m.mode)
 		}
 	}
 	if c.SupportFormRate < 1 {

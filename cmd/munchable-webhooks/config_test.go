@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"bytes"
+)
+
+// validEnv is a complete, valid environment with recognisable secrets.
+func validEnv() map[string]string {
+	return map[string]string{
+		"DATABASE_URL":              "postgres://app:db-password-42@127.0.0.1:5432/app",
+		"STRIPE_WEBHOOK_SECRET":     "whsec_stripe_secret_value",
+		"RESEND_WEBHOOK_SECRET":     "whsec_c2VjcmV0LXJlc2VuZC1rZXktMTIzNDU2Nzg=",
+		"RESEND_API_KEY":            "re_api_key_value",
+		"SUPPORT_INBOUND_ADDRESSES": "support@munchable.app,@inbound.munchable.app",
+	}
+}
+
+func environ(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(environ(validEnv()))
+	if err != nil {
+		t.Fatalf("valid environment refused: %v", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"LISTEN_ADDR", cfg.ListenAddr, ":8080"},
+		{"REDIS_TIMEOUT", cfg.RedisTimeout, 250 * time.Millisecond},
+		{"RESEND_API_URL", cfg.ResendAPIURL, "https://api.resend.com"},
+		{"HANDLER_TIMEOUT", cfg.HandlerTimeout, 30 * time.Second},
+		{"CLAIM_PROCESSING_TTL", cfg.ClaimProcessingTTL, 120 * time.Second},
+		{"STRIPE_DEDUPE_TTL", cfg.StripeDedupeTTL, 72 * time.Hour},
+		{"RESEND_DEDUPE_TTL", cfg.ResendDedupeTTL, 30 * time.Hour},
+		{"STRIPE_CLAIM_FAILURE_MODE", cfg.StripeClaimFailureMode, "open"},
+		{"RESEND_CLAIM_FAILURE_MODE", cfg.ResendClaimFailureMode, "open"},
+		{"SUPPORT_FORM_RATE", cfg.SupportFormRate, 10},
+		{"LOG_LEVEL", cfg.LogLevel, "info"},
+		{"REDIS_KEY_PREFIX", cfg.RedisKeyPrefix, "webhook"},
+		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(cfg.SupportInboundAddresses, ";"), "support@munchable.app;@inbound.munchable.app"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if w := cfg.warnings(); len(w) != 1 || !strings.Contains(w[0], "REDIS_URL") {
+		t.Errorf("warnings = %q, want one about the empty REDIS_URL", w)
+	}
+}
+
+func TestConfigProblems(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		set  map[string]string
+		drop []string
+		want []string // lines the error must contain
+	}{
+		{"everything required missing", nil,
+			[]string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "RESEND_WEBHOOK_SECRET", "RESEND_API_KEY", "SUPPORT_INBOUND_ADDRESSES"},
+			[]string{"DATABASE_URL is required", "STRIPE_WEBHOOK_SECRET is required", "RESEND_WEBHOOK_SECRET is required", "RESEND_API_KEY is required", "SUPPORT_INBOUND_ADDRESSES is required"}},
+		{"processing TTL under twice the deadline", map[string]string{"HANDLER_TIMEOUT": "60s", "CLAIM_PROCESSING_TTL": "119s"}, nil,
+			[]string{"CLAIM_PROCESSING_TTL (1m59s) must be at least twice HANDLER_TIMEOUT (1m0s)"}},
+		{"unparseable duration", map[string]string{"REDIS_TIMEOUT": "soon"}, nil, []string{"REDIS_TIMEOUT is invalid"}},
+		{"unparseable number", map[string]string{"SUPPORT_FORM_RATE": "lots"}, nil, []string{"SUPPORT_FORM_RATE is invalid"}},
+		{"failure modes", map[string]string{"STRIPE_CLAIM_FAILURE_MODE": "maybe", "RESEND_CLAIM_FAILURE_MODE": "shut"}, nil,
+			[]string{`STRIPE_CLAIM_FAILURE_MODE is "maybe"`, `RESEND_CLAIM_FAILURE_MODE is "shut"`}},
+		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, []string{`LOG_LEVEL is "loud"`}},
+		{"redis url", map[string]string{"REDIS_URL": "http://nope"}, nil, []string{"REDIS_URL is invalid"}},
+		{"svix secret", map[string]string{"RESEND_WEBHOOK_SECRET": "whsec_***not base64***"}, nil, []string{"RESEND_WEBHOOK_SECRET is invalid"}},
+		{"inbound address", map[string]string{"SUPPORT_INBOUND_ADDRESSES": "support,@"}, nil,
+			[]string{`SUPPORT_INBOUND_ADDRESSES has "support"`, `SUPPORT_INBOUND_ADDRESSES has "@"`}},
+		{"non-positive durations", map[string]string{"HANDLER_TIMEOUT": "0s", "STRIPE_DEDUPE_TTL": "-1h"}, nil,
+			[]string{"HANDLER_TIMEOUT must be positive", "STRIPE_DEDUPE_TTL must be positive"}},
+		{"trusted proxies", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,lan"}, nil, []string{`TRUSTED_PROXIES has "lan"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := validEnv()
+			for _, k := range tt.drop {
+				delete(env, k)
+			}
+			for k, v := range tt.set {
+				env[k] = v
+			}
+			_, err := loadConfig(environ(env))
+			if err == nil {
+				t.Fatal("loadConfig accepted a bad environment")
+			}
+			lines := strings.Split(err.Error(), "\n")
+			for _, want := range tt.want {
+				found := false
+				for _, l := range lines {
+					if strings.Contains(l, want) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no line contains %q in:\n%s", want, err)
+				}
+			}
+			if len(lines) != len(tt.want) {
+				t.Errorf("got %d problem lines, want %d:\n%s", len(lines), len(tt.want), err)
+			}
+			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value"} {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("error reveals a secret: %s", err)
+				}
+			}
+		})
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(environ(validEnv()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logs, nil)).Info("config", "cfg", cfg, "stripe", cfg.StripeWebhookSecret)
+	printed := fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, cfg.DatabaseURL) + logs.String()
+	for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "c2VjcmV0LXJlc2VuZC1rZXktMTIzNDU2Nzg", "re_api_key_value"} {
+		if strings.Contains(printed, s) {
+			t.Errorf("secret %q printed in: %s", s, printed)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+// Command withservers runs a command with TEST_DATABASE_URL and
+// TEST_REDIS_URL set. For each one not already set it starts a throwaway
+// server (Postgres or redis-server, in a temporary directory) and stops it
+// when the command ends. It exits with the command's exit code.
+//
+//	go run ./internal/dbtest/withservers -- go test ./...
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+func main() {
+	code, err := run(os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "withservers:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// run starts the servers that environ does not name, runs the command in
+// args with their URLs added to its environment, stops the servers, and
+// returns the command's exit code. An error means withservers itself failed,
+// possibly after the command ran.
+func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (code int, err error) {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		return 2, errors.New("usage: withservers -- command [args...]")
+	}
+
+	// Caught from the start, so that a signal while the servers start or the
+	// command runs still leads to the servers being stopped, below.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	var stops []func() error
+	defer func() {
+		for _, stop := range slices.Backward(stops) {
+			err = errors.Join(err, stop())
+		}
+	}()
+
+	var env, report []string
+	if v := lookup(environ, dbtest.DatabaseURLEnv); v != "" {
+		report = append(report, "reused "+dbtest.DatabaseURLEnv)
+	} else {
+		pg, stop, err := startPostgres()
+		if err != nil {
+			return 1, err
+		}
+		stops = append(stops, stop)
+		env = append(env, dbtest.DatabaseURLEnv+"="+pg.URL())
+		report = append(report, "started postgres at "+pg.URL())
+	}
+	if v := lookup(environ, dbtest.RedisURLEnv); v != "" {
+		report = append(report, "reused "+dbtest.RedisURLEnv)
+	} else {
+		rs, stop, err := startRedis()
+		if err != nil {
+			return 1, err
+		}
+		stops = append(stops, stop)
+		env = append(env, dbtest.RedisURLEnv+"="+rs.URL())
+		report = append(report, "started redis-server at "+rs.URL())
+	}
+	fmt.Fprintln(stderr, "withservers:", strings.Join(report, ", "))
+
+	select {
+	case sig := <-sigs:
+		return exitCodeFor(sig), fmt.Errorf("%v before the command started", sig)
+	default:
+	}
+
+	cmd := exec.Command(args[0], args[1:]...)
+	// Later entries win, so these override any empty ones in environ.
+	cmd.Env = append(slices.Clone(environ), env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return 1, fmt.Errorf("start command: %w", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-sigs:
+			// Passed on for the command to end in its own way; the servers
+			// are stopped once it has.
+			_ = cmd.Process.Signal(sig)
+		case err := <-waited:
+			return exitCode(err)
+		}
+	}
+}
+
+func startPostgres() (*dbtest.PostgresServer, func() error, error) {
+	dir, err := os.MkdirTemp("", "withservers-postgres-")
+	if err != nil {
+		return nil, nil, err
+	}
+	port, err := dbtest.FreePort()
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	s, err := dbtest.LaunchPostgres(dir, port)
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	stop := func() error { return errors.Join(s.Stop(), os.RemoveAll(dir)) }
+	return s, stop, nil
+}
+
+func startRedis() (*dbtest.RedisServer, func() error, error) {
+	dir, err := os.MkdirTemp("", "withservers-redis-")
+	if err != nil {
+		return nil, nil, err
+	}
+	port, err := dbtest.FreePort()
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	s, err := dbtest.LaunchRedis(dir, port)
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	stop := func() error { return errors.Join(s.Stop(), os.RemoveAll(dir)) }
+	return s, stop, nil
+}
+
+// lookup returns the value of key in environ, or "".
+func lookup(environ []string, key string) string {
+	v := ""
+	for _, kv := range environ {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val // the last one wins, as in exec
+		}
+	}
+	return v
+}
+
+// exitCode turns the command's Wait result into our exit code, as a shell
+// would: its own code, or 128+N when signal N ended it.
+func exitCode(err error) (int, error) {
+	if err == nil {
+		return 0, nil
+	}
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) {
+		return 1, fmt.Errorf("wait for command: %w", err)
+	}
+	if status, ok := exitErr.Sys().(syscall.WaitStatus); ok && status.Signaled() {
+		return exitCodeFor(status.Signal()), nil
+	}
+	return exitErr.ExitCode(), nil
+}
+
+func exitCodeFor(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 1
+}
