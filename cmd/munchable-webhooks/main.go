@@ -10,6 +10,9 @@ import (
 	"os"
 )
 
+// version is set at build time: -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
 	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -22,6 +25,7 @@ const usage = `usage: munchable-webhooks [command]
 commands:
   serve     apply pending migrations, then serve HTTP until SIGTERM/SIGINT (default)
   migrate   apply pending migrations and exit
+  version   print the build version
 
 Configuration comes from the environment; see README.md.`
 
@@ -37,6 +41,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return serve(ctx, environ, stdout)
 	case "migrate":
 		return migrate(ctx, environ, stdout)
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return nil
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -261,4 +261,3 @@ func TestUnknownCommand(t *testing.T) {
 		t.Error("unknown command accepted")
 	}
 }
-
