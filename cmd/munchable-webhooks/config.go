@@ -224,6 +224,17 @@ func (c config) validate() []error {
 	return p
 }
 
+// trustedProxies parses TRUSTED_PROXIES (validated already).
+func (c config) trustedProxies() []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(c.TrustedProxies))
+	for _, cidr := range c.TrustedProxies {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(cidr)); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
 // warnings are settings that work but that an operator should hear about.
 func (c config) warnings() []string {
 	var w []string

@@ -14,4 +14,6 @@ func addRoutes(r chi.Router, d serverDeps) {
 	r.Method("GET", "/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
 
 	r.Method("POST", "/webhooks/stripe", stripehook.Handler(d.stripe, d.stripeSecret, d.entitlements))
+	r.Method("POST", "/webhooks/resend", d.resend)
+	r.With(d.formLimit).Method("POST", "/support/messages", d.supportForm)
 }

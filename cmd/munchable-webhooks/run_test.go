@@ -6,14 +6,18 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v79/webhook"
+	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
@@ -37,11 +41,12 @@ func (s *syncBuffer) String() string {
 }
 
 type service struct {
-	url    string
-	logs   *syncBuffer
-	stop   context.CancelFunc
-	done   chan error
-	prefix string
+	url         string
+	databaseURL string
+	logs        *syncBuffer
+	stop        context.CancelFunc
+	done        chan error
+	prefix      string
 }
 
 // startService runs the whole program in-process, as main does, and waits
@@ -63,7 +68,7 @@ func startService(t *testing.T, extra map[string]string) *service {
 		env[k] = v
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &service{url: "http://" + env["LISTEN_ADDR"], logs: &syncBuffer{}, stop: cancel, done: make(chan error, 1), prefix: prefix}
+	s := &service{url: "http://" + env["LISTEN_ADDR"], databaseURL: env["DATABASE_URL"], logs: &syncBuffer{}, stop: cancel, done: make(chan error, 1), prefix: prefix}
 	go func() { s.done <- run(ctx, []string{"munchable-webhooks"}, environ(env), s.logs, s.logs) }()
 	t.Cleanup(func() {
 		cancel()
@@ -259,5 +264,99 @@ func TestUnknownCommand(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(t.Context(), []string{"munchable-webhooks", "frobnicate"}, nil, &out, &out); err == nil {
 		t.Error("unknown command accepted")
+	}
+}
+
+// The Resend path and the support form, through the whole program: one
+// inbound email and one form post land in the one support queue.
+func TestServeResendAndForm(t *testing.T) {
+	t.Parallel()
+	fixture, err := os.ReadFile("../../internal/resendhook/testdata/received_email.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fetches atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/emails/receiving/") || r.Header.Get("Authorization") != "Bearer re_api_key_value" {
+			http.Error(w, "unexpected request", http.StatusBadRequest)
+			return
+		}
+		fetches.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fixture)
+	}))
+	t.Cleanup(api.Close)
+	s := startService(t, map[string]string{"RESEND_API_URL": api.URL, "SUPPORT_FORM_RATE": "2"})
+
+	wh, err := svix.NewWebhook(validEnv()["RESEND_WEBHOOK_SECRET"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	event := []byte(`{"type":"email.received","created_at":"2026-12-01T10:00:00.000Z","data":{"email_id":"4ef9a417-02e9-4d39-ad75-9611e0fcc33c","created_at":"2026-12-01T10:00:00.000Z","from":"Ada <ada@example.com>","to":["support@munchable.app"],"cc":[],"bcc":[],"message_id":"<m1@example.com>","subject":"Help","attachments":[]}}`)
+	deliver := func() *http.Response {
+		now := time.Now()
+		sig, err := wh.Sign("msg_e2e_1", now, event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/webhooks/resend", bytes.NewReader(event))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("svix-id", "msg_e2e_1")
+		req.Header.Set("svix-timestamp", strconv.FormatInt(now.Unix(), 10))
+		req.Header.Set("svix-signature", sig)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if r := deliver(); r.StatusCode != 200 || r.Header.Get("Webhook-Idempotency") != "first" {
+		t.Fatalf("first resend delivery: %d %q", r.StatusCode, r.Header.Get("Webhook-Idempotency"))
+	}
+	if r := deliver(); r.StatusCode != 200 || r.Header.Get("Webhook-Idempotency") != "duplicate" {
+		t.Fatalf("resend redelivery: %d %q", r.StatusCode, r.Header.Get("Webhook-Idempotency"))
+	}
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("Resend API fetched %d times, want 1", n)
+	}
+
+	form := func(key string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/support/messages",
+			strings.NewReader(`{"email":"bob@example.com","name":"Bob","subject":"Hi","message":"It broke"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	first, again := form("k1"), form("k1")
+	if first.StatusCode != http.StatusAccepted || again.StatusCode != http.StatusAccepted {
+		t.Fatalf("form posts: %d, %d; want 202 twice", first.StatusCode, again.StatusCode)
+	}
+	var a, b struct{ ID int64 }
+	_ = json.NewDecoder(first.Body).Decode(&a)
+	_ = json.NewDecoder(again.Body).Decode(&b)
+	if a.ID == 0 || a.ID != b.ID {
+		t.Errorf("ids %d and %d: want the same, non-zero", a.ID, b.ID)
+	}
+	if r := form("k2"); r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" {
+		t.Errorf("third post in a minute (SUPPORT_FORM_RATE=2): %d, Retry-After %q; want 429 with Retry-After", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+
+	pool, err := pgxpool.New(t.Context(), s.databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var email, web int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE source = 'email'), count(*) FILTER (WHERE source = 'web') FROM support_messages`).Scan(&email, &web); err != nil {
+		t.Fatal(err)
+	}
+	if email != 1 || web != 1 {
+		t.Errorf("support queue holds %d email and %d web messages, want 1 and 1", email, web)
 	}
 }

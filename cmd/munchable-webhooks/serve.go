@@ -23,6 +23,8 @@ import (
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/resendhook"
+	"github.com/munchable/munchable-webhooks/internal/support"
 	"github.com/munchable/munchable-webhooks/migrations"
 )
 
@@ -75,6 +77,22 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Registerer:     registry,
 	})
 
+	queue := support.NewQueue(pool)
+	resend, err := resendhook.NewHandler(
+		flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: cfg.ResendDedupeTTL, FailClosed: cfg.ResendClaimFailureMode == "closed"}),
+		queue,
+		resendhook.Config{
+			Secret:     string(cfg.ResendWebhookSecret),
+			APIKey:     string(cfg.ResendAPIKey),
+			APIURL:     cfg.ResendAPIURL,
+			Inbound:    cfg.SupportInboundAddresses,
+			Logger:     logger,
+			Registerer: registry,
+		})
+	if err != nil {
+		return err
+	}
+
 	var draining atomic.Bool
 	handler := newServer(serverDeps{
 		logger:       logger,
@@ -85,6 +103,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		stripe:       flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: cfg.StripeDedupeTTL, FailClosed: cfg.StripeClaimFailureMode == "closed"}),
 		stripeSecret: string(cfg.StripeWebhookSecret),
 		entitlements: entitlements.NewStore(pool, registry),
+		resend:       resend,
+		supportForm:  support.FormHandler(queue, logger),
+		formLimit:    support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies()),
 	})
 
 	srv := &http.Server{

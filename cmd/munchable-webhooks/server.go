@@ -27,6 +27,10 @@ type serverDeps struct {
 	stripe       *claim.Endpoint
 	stripeSecret string
 	entitlements *entitlements.Store
+
+	resend      http.Handler
+	supportForm http.Handler
+	formLimit   func(http.Handler) http.Handler
 }
 
 func newServer(d serverDeps) http.Handler {
