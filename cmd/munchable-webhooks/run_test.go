@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -358,5 +359,48 @@ func TestServeResendAndForm(t *testing.T) {
 	}
 	if email != 1 || web != 1 {
 		t.Errorf("support queue holds %d email and %d web messages, want 1 and 1", email, web)
+	}
+}
+
+// A client that trickles its headers is cut off by ReadHeaderTimeout
+// instead of holding a connection (and a goroutine) for as long as it likes.
+func TestSlowHeadersCutOff(t *testing.T) {
+	t.Parallel()
+	s := startService(t, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	start := time.Now()
+	if _, err := io.WriteString(conn, "POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		buf := make([]byte, 512)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	ticker := time.NewTicker(500 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-closed:
+			if elapsed := time.Since(start); elapsed > 10*time.Second {
+				t.Errorf("slow client cut off after %s, want about the 5s ReadHeaderTimeout", elapsed)
+			}
+			return
+		case <-ticker.C:
+			// One more header byte, never the end of the headers.
+			_, _ = io.WriteString(conn, "X")
+			if time.Since(start) > 15*time.Second {
+				t.Fatal("a client trickling headers was still connected after 15s")
+			}
+		}
 	}
 }

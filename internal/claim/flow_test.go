@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -272,6 +273,7 @@ func TestRespond(t *testing.T) {
 		{"ignored", Outcome{Result: Ignored}, 200, "", "", `{"received":true,"ignored":true}`},
 		{"rejected", Outcome{Result: Rejected, Err: errors.New("bad signature")}, 400, "", "", ""},
 		{"too large", Outcome{Result: Rejected, Err: &http.MaxBytesError{Limit: MaxBody}}, 413, "", "", ""},
+		{"not JSON", Outcome{Result: Rejected, Err: fmt.Errorf("read: %w", ErrNotJSON)}, 415, "", "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -299,5 +301,24 @@ func TestRespond(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestIsJSON(t *testing.T) {
+	t.Parallel()
+	for ct, want := range map[string]bool{
+		"application/json":                  true,
+		"application/json; charset=utf-8":   true,
+		"Application/JSON":                  true,
+		"application/vnd.api+json":          true,
+		"":                                  false,
+		"text/plain":                        false,
+		"application/x-www-form-urlencoded": false,
+		"multipart/form-data; boundary=x":   false,
+		"application/jsonp":                 false,
+	} {
+		if got := isJSON(ct); got != want {
+			t.Errorf("isJSON(%q) = %v, want %v", ct, got, want)
+		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -15,6 +17,9 @@ const MaxBody = 1 << 20
 // ReadBody reads the request body, capped at MaxBody. A body over the cap
 // returns an error that Reject answers with 413.
 func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		return nil, ErrNotJSON
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
 	var buf bytes.Buffer
 	if n := r.ContentLength; n > 0 && n <= MaxBody {
@@ -24,6 +29,19 @@ func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// ErrNotJSON rejects a webhook whose Content-Type is not JSON (415). Both
+// providers always send application/json; anything else is not theirs.
+var ErrNotJSON = errors.New("content type is not application/json")
+
+func isJSON(contentType string) bool {
+	// The providers' exact values first: no allocation on the hot path.
+	if contentType == "application/json" || strings.HasPrefix(contentType, "application/json;") {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
 // Idempotency header values.
@@ -44,6 +62,7 @@ var (
 	bodyUnavail    = []byte(`{"error":"idempotency store unavailable, retry later"}`)
 	bodyTooLarge   = []byte(`{"error":"body too large"}`)
 	bodyInvalid    = []byte(`{"error":"invalid webhook"}`)
+	bodyMediaType  = []byte(`{"error":"content type must be application/json"}`)
 )
 
 // respond is the one place an Outcome becomes a status code, headers and a
@@ -76,8 +95,11 @@ func respond(w http.ResponseWriter, o Outcome) {
 	case Rejected:
 		status, body = http.StatusBadRequest, bodyInvalid
 		var tooLarge *http.MaxBytesError
-		if errors.As(o.Err, &tooLarge) {
+		switch {
+		case errors.As(o.Err, &tooLarge):
 			status, body = http.StatusRequestEntityTooLarge, bodyTooLarge
+		case errors.Is(o.Err, ErrNotJSON):
+			status, body = http.StatusUnsupportedMediaType, bodyMediaType
 		}
 	default:
 		status, body = http.StatusInternalServerError, bodyFailed

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -500,4 +501,55 @@ func endpoint() *claim.Endpoint {
 	store := claim.NewStore(nil, claim.StoreConfig{Prefix: "unused", Timeout: time.Second, ProcessingTTL: time.Minute})
 	flow := claim.NewFlow(store, claim.FlowConfig{HandlerTimeout: time.Second, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 	return flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: time.Hour})
+}
+
+// A signed delivery that reuses a done svix-id with another body (another
+// email) processes nothing new, and says so in its metric.
+func TestReusedIDWithOtherBody(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	h.api.addEmail(t, emailID, nil)
+	h.api.addEmail(t, "b7e2c1d0-0000-4000-8000-000000000002", nil)
+
+	if w := h.deliver(t, "msg_reused", receivedEvent(t, emailID, nil)); w.Code != 200 {
+		t.Fatalf("first delivery: %d %s", w.Code, w.Body)
+	}
+	w := h.deliver(t, "msg_reused", receivedEvent(t, "b7e2c1d0-0000-4000-8000-000000000002", nil))
+	if w.Code != 200 || w.Header().Get(claim.HeaderIdempotency) != "duplicate" {
+		t.Errorf("reused id with another body: %d %q, want 200 duplicate", w.Code, w.Header().Get(claim.HeaderIdempotency))
+	}
+	if n := h.api.totalFetches(); n != 1 {
+		t.Errorf("fetches = %d, want 1: the reused id must not fetch", n)
+	}
+	if n := len(h.rows(t)); n != 1 {
+		t.Errorf("rows = %d, want 1", n)
+	}
+	if got := h.counter(t, "webhook_id_body_mismatch_total"); got != 1 {
+		t.Errorf("webhook_id_body_mismatch_total = %v, want 1", got)
+	}
+}
+
+func TestWrongContentType(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	h.api.addEmail(t, emailID, nil)
+	body := receivedEvent(t, emailID, nil)
+	now := time.Now()
+	sig, err := h.wh.Sign("msg_ct", now, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/webhooks/resend", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "text/plain")
+	r.Header.Set("svix-id", "msg_ct")
+	r.Header.Set("svix-timestamp", strconv.FormatInt(now.Unix(), 10))
+	r.Header.Set("svix-signature", sig)
+	w := httptest.NewRecorder()
+	h.handler.ServeHTTP(w, r)
+	if w.Code != http.StatusUnsupportedMediaType {
+		t.Errorf("status = %d, want 415", w.Code)
+	}
+	if h.api.totalFetches() != 0 || len(h.rows(t)) != 0 || len(h.claimKeys(t)) != 0 {
+		t.Error("a wrong content type had an effect")
+	}
 }

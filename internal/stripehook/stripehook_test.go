@@ -520,3 +520,49 @@ func TestRedisDiesAndReturns(t *testing.T) {
 		t.Errorf("rows = %d, want 4: one per event, none lost", n)
 	}
 }
+
+// Hostile bodies that carry a valid signature still have no effect unless
+// they are a well-formed event: 400 (or 415), no claim, no row.
+func TestHostileBodies(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	deep := []byte(`{"id":"evt_deep","type":"customer.subscription.updated","data":` + strings.Repeat(`[`, 20000) + strings.Repeat(`]`, 20000) + `}`)
+	huge := []byte(`{"id":"evt_huge","type":"customer.subscription.updated","created":1764590400,"data":{"object":{"id":"sub_huge","items":[` +
+		strings.Repeat(`1,`, 400000) + `1]}}}`)
+	tests := []struct {
+		name        string
+		body        []byte
+		contentType string
+		status      int
+	}{
+		{"deeply nested JSON", deep, "application/json", 400},
+		{"huge JSON under the cap, not an event", huge, "application/json", 400},
+		{"form-encoded", []byte(`id=evt_form&type=customer.subscription.updated`), "application/x-www-form-urlencoded", 415},
+		{"no content type", ev{id: "evt_noct", sub: "sub_noct", status: "active", created: 1764590400}.body(t), "", 415},
+		{"text/plain", ev{id: "evt_text", sub: "sub_text", status: "active", created: 1764590400}.body(t), "text/plain", 415},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			signed := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: tt.body, Secret: secret})
+			r := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", bytes.NewReader(tt.body))
+			if tt.contentType != "" {
+				r.Header.Set("Content-Type", tt.contentType)
+			}
+			r.Header.Set("Stripe-Signature", signed.Header)
+			w := httptest.NewRecorder()
+			h.handler.ServeHTTP(w, r)
+			if w.Code != tt.status {
+				t.Errorf("status = %d, want %d (%s)", w.Code, tt.status, w.Body)
+			}
+			if !json.Valid(w.Body.Bytes()) {
+				t.Errorf("answer is not JSON: %s", w.Body)
+			}
+		})
+	}
+	if n := h.rows(t); n != 0 {
+		t.Errorf("hostile bodies wrote %d rows", n)
+	}
+	if keys := h.rdb.Keys(t.Context(), h.claims.Key("stripe", "*")).Val(); len(keys) != 0 {
+		t.Errorf("hostile bodies took claims: %v", keys)
+	}
+}
