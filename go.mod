@@ -14,6 +14,7 @@ require (
 	github.com/resend/resend-go/v3 v3.1.1
 	github.com/stripe/stripe-go/v79 v79.12.0
 	github.com/svix/svix-webhooks v1.44.0
+	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/net v0.63.0
 )
 

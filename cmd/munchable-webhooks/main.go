@@ -23,9 +23,12 @@ func main() {
 const usage = `usage: munchable-webhooks [command]
 
 commands:
-  serve     apply pending migrations, then serve HTTP until SIGTERM/SIGINT (default)
-  migrate   apply pending migrations and exit
-  version   print the build version
+  serve        apply pending migrations, then serve HTTP until SIGTERM/SIGINT (default)
+  migrate      apply pending migrations and exit
+  version      print the build version
+  send         sign a sample event and post it to the service (send -h)
+  claims       show, release, mark done or list stuck claims in Redis (claims help)
+  healthcheck  exit 0 when the service on LISTEN_ADDR answers /healthz
 
 Configuration comes from the environment; see README.md.`
 
@@ -44,6 +47,12 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil
+	case "send":
+		return send(ctx, args[2:], environ, stdout, stderr)
+	case "claims":
+		return claims(ctx, args[2:], environ, stdout, stderr)
+	case "healthcheck":
+		return healthcheck(ctx, environ, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -69,9 +70,11 @@ func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool
 		if err := pool.Ping(ctx); err != nil {
 			rep.Ready, rep.Postgres = false, "unavailable"
 		}
-		switch err := claims.Ping(ctx); {
+		// Not ctx: a hung Postgres must not make Redis look down. Ping has
+		// its own REDIS_TIMEOUT.
+		switch err := claims.Ping(r.Context()); {
 		case err == nil:
-		case err == claim.ErrNoRedis:
+		case errors.Is(err, claim.ErrNoRedis):
 			rep.Redis = "not configured: deliveries run degraded"
 		default:
 			rep.Redis = "unavailable: deliveries run degraded"

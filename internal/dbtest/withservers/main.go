@@ -4,15 +4,27 @@
 // when the command ends. It exits with the command's exit code.
 //
 //	go run ./internal/dbtest/withservers -- go test ./...
+//
+// Flags name other variables and keep the servers' files elsewhere; `make
+// dev` runs the service this way:
+//
+//	withservers -dir .dev -database-env DATABASE_URL -redis-env REDIS_URL -- bin/munchable-webhooks serve
+//
+// The command runs in a process group of its own, and SIGINT or SIGTERM to
+// withservers is passed on to that whole group once: a Ctrl-C in a terminal
+// (which signals the terminal's group) then reaches the command exactly once,
+// as it does a `kill`. The command should therefore not read the terminal.
 package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,11 +48,27 @@ func main() {
 // returns the command's exit code. An error means withservers itself failed,
 // possibly after the command ran.
 func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (code int, err error) {
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
+	fs := flag.NewFlagSet("withservers", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "directory to keep the servers' data and logs in while they run (default: the system's temporary directory)")
+	dbEnv := fs.String("database-env", dbtest.DatabaseURLEnv, "variable that names the Postgres URL: reused when set, else set to a throwaway server's")
+	redisEnv := fs.String("redis-env", dbtest.RedisURLEnv, "variable that names the Redis URL: reused when set, else set to a throwaway server's")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
 	}
+	args = fs.Args()
 	if len(args) == 0 {
-		return 2, errors.New("usage: withservers -- command [args...]")
+		return 2, errors.New("usage: withservers [-dir DIR] [-database-env NAME] [-redis-env NAME] -- command [args...]")
+	}
+	if *dir != "" {
+		// Absolute, because postgres resolves its data directory from a
+		// working directory of its own.
+		if *dir, err = filepath.Abs(*dir); err != nil {
+			return 1, err
+		}
+		if err := os.MkdirAll(*dir, 0o755); err != nil {
+			return 1, err
+		}
 	}
 
 	// Caught from the start, so that a signal while the servers start or the
@@ -57,27 +85,27 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	}()
 
 	var env, report []string
-	if v := lookup(environ, dbtest.DatabaseURLEnv); v != "" {
-		report = append(report, "reused "+dbtest.DatabaseURLEnv)
+	if v := lookup(environ, *dbEnv); v != "" {
+		report = append(report, "reused "+*dbEnv)
 	} else {
-		pg, stop, err := startPostgres()
+		pg, stop, err := startPostgres(*dir)
 		if err != nil {
 			return 1, err
 		}
 		stops = append(stops, stop)
-		env = append(env, dbtest.DatabaseURLEnv+"="+pg.URL())
-		report = append(report, "started postgres at "+pg.URL())
+		env = append(env, *dbEnv+"="+pg.URL())
+		report = append(report, "started postgres: "+*dbEnv+"="+pg.URL())
 	}
-	if v := lookup(environ, dbtest.RedisURLEnv); v != "" {
-		report = append(report, "reused "+dbtest.RedisURLEnv)
+	if v := lookup(environ, *redisEnv); v != "" {
+		report = append(report, "reused "+*redisEnv)
 	} else {
-		rs, stop, err := startRedis()
+		rs, stop, err := startRedis(*dir)
 		if err != nil {
 			return 1, err
 		}
 		stops = append(stops, stop)
-		env = append(env, dbtest.RedisURLEnv+"="+rs.URL())
-		report = append(report, "started redis-server at "+rs.URL())
+		env = append(env, *redisEnv+"="+rs.URL())
+		report = append(report, "started redis-server: "+*redisEnv+"="+rs.URL())
 	}
 	fmt.Fprintln(stderr, "withservers:", strings.Join(report, ", "))
 
@@ -91,6 +119,11 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	// Later entries win, so these override any empty ones in environ.
 	cmd.Env = append(slices.Clone(environ), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	// A group of its own, so that only we signal it (see the package doc):
+	// in the terminal's group it would get a Ctrl-C twice, from the terminal
+	// and from us, and a server that takes a second signal as "stop now"
+	// would skip its orderly shutdown.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return 1, fmt.Errorf("start command: %w", err)
 	}
@@ -99,17 +132,20 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	for {
 		select {
 		case sig := <-sigs:
-			// Passed on for the command to end in its own way; the servers
-			// are stopped once it has.
-			_ = cmd.Process.Signal(sig)
+			// Passed on for the command (and its children: go test's test
+			// binaries) to end in their own way; the servers are stopped
+			// once it has.
+			_ = syscall.Kill(-cmd.Process.Pid, sig.(syscall.Signal))
 		case err := <-waited:
 			return exitCode(err)
 		}
 	}
 }
 
-func startPostgres() (*dbtest.PostgresServer, func() error, error) {
-	dir, err := os.MkdirTemp("", "withservers-postgres-")
+// startPostgres starts a server with its files in a new directory under
+// parent ("": the system's temporary directory), removed when it stops.
+func startPostgres(parent string) (*dbtest.PostgresServer, func() error, error) {
+	dir, err := os.MkdirTemp(parent, "withservers-postgres-")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -125,8 +161,8 @@ func startPostgres() (*dbtest.PostgresServer, func() error, error) {
 	return s, stop, nil
 }
 
-func startRedis() (*dbtest.RedisServer, func() error, error) {
-	dir, err := os.MkdirTemp("", "withservers-redis-")
+func startRedis(parent string) (*dbtest.RedisServer, func() error, error) {
+	dir, err := os.MkdirTemp(parent, "withservers-redis-")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+func TestClaimsCommand(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := dbtest.Redis(t)
+	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: prefix, Timeout: time.Second, ProcessingTTL: 2 * time.Minute})
+	// Only Redis settings: the tool must not ask for the webhook secrets.
+	env := []string{"REDIS_URL=" + dbtest.RedisURL(t), "REDIS_KEY_PREFIX=" + prefix, "RESEND_DEDUPE_TTL=1h"}
+	claims := func(args ...string) (string, error) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		err := run(ctx, append([]string{"munchable-webhooks", "claims"}, args...), env, &out, &errOut)
+		return out.String(), err
+	}
+	mustContain := func(out string, err error, wants ...string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("claims: %v", err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(out, want) {
+				t.Errorf("output %q lacks %q", out, want)
+			}
+		}
+	}
+
+	out, err := claims("show", "stripe", "evt_1")
+	mustContain(out, err, prefix+":stripe:evt_1 absent")
+
+	held, err := store.Claim(ctx, "stripe", "evt_1", "fp1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = claims("show", "stripe", "evt_1")
+	mustContain(out, err, "processing", "owner="+held.Token, " age=", " ttl=", "fingerprint=fp1")
+
+	out, err = claims("release", "stripe", "evt_1")
+	mustContain(out, err, "released: "+prefix+":stripe:evt_1 processing owner="+held.Token)
+	out, err = claims("show", "stripe", "evt_1")
+	mustContain(out, err, "absent")
+
+	// done uses the provider's dedupe TTL.
+	out, err = claims("done", "stripe", "evt_1")
+	mustContain(out, err, "marked done for 72h0m0s")
+	if ttl := rdb.PTTL(ctx, store.Key("stripe", "evt_1")).Val(); ttl < 71*time.Hour {
+		t.Errorf("stripe done TTL = %s, want 72h", ttl)
+	}
+	out, err = claims("done", "resend", "msg_1")
+	mustContain(out, err, "marked done for 1h0m0s")
+	if r, err := store.Claim(ctx, "resend", "msg_1", ""); err != nil || r.Status != claim.Done {
+		t.Errorf("claim after `claims done` = %+v, %v; want done", r, err)
+	}
+
+	// A done key is deleted only with -force, which may stand anywhere.
+	if _, err := claims("release", "stripe", "evt_1"); err == nil || !strings.Contains(err.Error(), "-force") {
+		t.Errorf("release of a done key without -force: err = %v, want a refusal naming -force", err)
+	}
+	out, err = claims("release", "stripe", "evt_1", "-force")
+	mustContain(out, err, "released: "+prefix+":stripe:evt_1 done")
+
+	// stuck lists old processing claims only.
+	old := claim.Value{State: claim.Processing, Owner: "crashed", At: time.Now().Add(-5 * time.Minute)}
+	rdb.Set(ctx, store.Key("resend", "msg_stuck"), old.String(), time.Hour)
+	if _, err := store.Claim(ctx, "stripe", "evt_young", ""); err != nil {
+		t.Fatal(err)
+	}
+	out, err = claims("stuck")
+	mustContain(out, err, prefix+":resend:msg_stuck processing owner=crashed age=5m0s", "1 processing claims older than 1m0s")
+	if strings.Contains(out, "evt_young") {
+		t.Errorf("stuck lists a young claim:\n%s", out)
+	}
+	out, err = claims("stuck", "-older-than", "10m")
+	mustContain(out, err, "0 processing claims older than 10m0s")
+}
+
+func TestClaimsCommandRefuses(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		env     []string
+		args    []string
+		wantErr string
+	}{
+		{"no REDIS_URL", nil, []string{"show", "stripe", "evt_1"}, "REDIS_URL is required"},
+		{"bad REDIS_URL", []string{"REDIS_URL=http://x"}, []string{"stuck"}, "REDIS_URL is invalid"},
+		{"bad TTL", []string{"REDIS_URL=redis://127.0.0.1:1", "STRIPE_DEDUPE_TTL=0s"}, []string{"done", "stripe", "e"}, "STRIPE_DEDUPE_TTL"},
+		{"unknown provider", []string{"REDIS_URL=redis://127.0.0.1:1"}, []string{"show", "paypal", "evt_1"}, "paypal"},
+		{"missing event id", []string{"REDIS_URL=redis://127.0.0.1:1"}, []string{"show", "stripe"}, "want 2 arguments"},
+		{"unknown command", []string{"REDIS_URL=redis://127.0.0.1:1"}, []string{"purge"}, "purge"},
+		{"redis down", []string{"REDIS_URL=redis://127.0.0.1:1"}, []string{"show", "stripe", "evt_1"}, "inspect"},
+	}
+	for _, tt := range tests {
+		var out bytes.Buffer
+		err := run(t.Context(), append([]string{"munchable-webhooks", "claims"}, tt.args...), tt.env, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: err = %v, want one mentioning %q", tt.name, err, tt.wantErr)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"munchable-webhooks", "claims"}, nil, &out, &out); err != nil || !strings.Contains(out.String(), "stuck") {
+		t.Errorf("claims without a command = %v, %q; want the usage", err, out.String())
+	}
+}

@@ -1,0 +1,232 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Operator tools: what `munchable-webhooks claims` needs to look at a claim
+// and to settle one by hand. The delivery path never calls these.
+
+var (
+	// ErrAbsent: no key for the event (never claimed, released or expired).
+	ErrAbsent = errors.New("no claim")
+	// ErrNotProcessing: ForceRelease found a done key (or a value that is not
+	// a claim) and was not told to force.
+	ErrNotProcessing = errors.New("not a processing claim")
+)
+
+// Entry is one claim key as an operator sees it.
+type Entry struct {
+	Key      string
+	Provider string
+	EventID  string
+	// Value is the parsed value; its State is empty when Raw is not a claim
+	// value (a foreign or corrupted key under the prefix).
+	Value Value
+	Raw   string
+	// TTL is the time left before the key expires; negative when it has no
+	// expiry (nothing this service writes).
+	TTL time.Duration
+}
+
+// Inspect reads the key of one provider's event. It returns ErrAbsent when
+// there is none.
+func (s *Store) Inspect(ctx context.Context, provider, eventID string) (Entry, error) {
+	if s.rdb == nil {
+		return Entry{}, ErrNoRedis
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	key := s.Key(provider, eventID)
+	// One round trip, so the TTL belongs to the value read.
+	pipe := s.rdb.Pipeline()
+	get := pipe.Get(ctx, key)
+	pttl := pipe.PTTL(ctx, key)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Entry{}, fmt.Errorf("inspect %s: %w", key, err)
+	}
+	raw, err := get.Result()
+	if errors.Is(err, redis.Nil) {
+		return Entry{}, fmt.Errorf("%s: %w", key, ErrAbsent)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("inspect %s: %w", key, err)
+	}
+	return newEntry(key, provider, eventID, raw, pttl.Val()), nil
+}
+
+func newEntry(key, provider, eventID, raw string, ttl time.Duration) Entry {
+	e := Entry{Key: key, Provider: provider, EventID: eventID, Raw: raw, TTL: ttl}
+	if v, err := ParseValue(raw); err == nil {
+		e.Value = v
+	}
+	return e
+}
+
+// forceReleaseScript deletes a processing claim whoever owns it, and any
+// other value only when ARGV[2] is "force". Checking and deleting in one
+// script means a claim confirmed in between is not deleted by mistake.
+var forceReleaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {0, ''}
+end
+if string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] or ARGV[2] == 'force' then
+  redis.call('DEL', KEYS[1])
+  return {1, v}
+end
+return {0, v}
+`)
+
+// ForceRelease deletes the event's processing claim, whoever holds it, so
+// the provider's next retry is a first delivery instead of waiting out the
+// processing TTL. A done key (or a value that is not a claim) is deleted
+// only with force, since deleting it lets the next retry apply the event
+// again. It returns what it deleted; ErrAbsent when there was nothing, and
+// ErrNotProcessing, with the entry found, when it refused.
+func (s *Store) ForceRelease(ctx context.Context, provider, eventID string, force bool) (Entry, error) {
+	if s.rdb == nil {
+		return Entry{}, ErrNoRedis
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	key := s.Key(provider, eventID)
+	mode := ""
+	if force {
+		mode = "force"
+	}
+	res, err := forceReleaseScript.Run(ctx, s.rdb, []string{key}, string(Processing)+"|", mode).Slice()
+	if err != nil {
+		return Entry{}, fmt.Errorf("release %s: %w", key, err)
+	}
+	if len(res) != 2 {
+		return Entry{}, fmt.Errorf("release %s: unexpected reply %v", key, res)
+	}
+	deleted, _ := res[0].(int64)
+	raw, _ := res[1].(string)
+	if raw == "" {
+		return Entry{}, fmt.Errorf("%s: %w", key, ErrAbsent)
+	}
+	e := newEntry(key, provider, eventID, raw, 0)
+	if deleted != 1 {
+		state := string(e.Value.State)
+		if state == "" {
+			state = "a value that is not a claim"
+		}
+		return e, fmt.Errorf("%s is %s: %w", key, state, ErrNotProcessing)
+	}
+	return e, nil
+}
+
+// MarkDone writes the event's done marker for ttl (the provider's dedupe
+// TTL), whatever the key holds: for an event whose effect an operator has
+// applied or chosen to skip. It keeps the fingerprint of the value it
+// replaces, so a later delivery with another body still shows as a
+// mismatch. A processing attempt still running is not disturbed: its
+// confirm rewrites the marker and its release leaves a done key alone.
+func (s *Store) MarkDone(ctx context.Context, provider, eventID string, ttl time.Duration) error {
+	e, err := s.Inspect(ctx, provider, eventID)
+	if err != nil && !errors.Is(err, ErrAbsent) {
+		return err
+	}
+	return s.Confirm(ctx, provider, eventID, e.Value.Fingerprint, ttl)
+}
+
+// Stuck lists the processing claims claimed before now minus olderThan,
+// oldest first. It walks the key space with SCAN, which never blocks Redis
+// the way KEYS does; on Redis Cluster it sees only the node it talks to.
+func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, now time.Time) ([]Entry, error) {
+	if s.rdb == nil {
+		return nil, ErrNoRedis
+	}
+	const batch = 500
+	prefix := s.prefix + ":"
+	var stuck []Entry
+	var cursor uint64
+	for {
+		// Each call is bounded on its own: a long walk is many short calls.
+		keys, next, err := s.scan(ctx, cursor, escapeGlob(prefix)+"*", batch)
+		if err != nil {
+			return nil, err
+		}
+		entries, err := s.read(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			if e.Value.State == Processing && now.Sub(e.Value.At) > olderThan {
+				e.Provider, e.EventID, _ = strings.Cut(strings.TrimPrefix(e.Key, prefix), ":")
+				stuck = append(stuck, e)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	slices.SortFunc(stuck, func(a, b Entry) int { return a.Value.At.Compare(b.Value.At) })
+	return stuck, nil
+}
+
+func (s *Store) scan(ctx context.Context, cursor uint64, match string, count int64) ([]string, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	keys, next, err := s.rdb.Scan(ctx, cursor, match, count).Result()
+	if err != nil {
+		return nil, 0, fmt.Errorf("scan %s: %w", match, err)
+	}
+	return keys, next, nil
+}
+
+// read fetches the values and TTLs of keys in one pipelined round trip; keys
+// that expired since the SCAN are left out.
+func (s *Store) read(ctx context.Context, keys []string) ([]Entry, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	pipe := s.rdb.Pipeline()
+	gets := make([]*redis.StringCmd, len(keys))
+	ttls := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, k)
+		ttls[i] = pipe.PTTL(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	out := make([]Entry, 0, len(keys))
+	for i, k := range keys {
+		raw, err := gets[i].Result()
+		var reply redis.Error
+		switch {
+		case err == nil:
+		case errors.As(err, &reply):
+			// nil (expired since the SCAN) or WRONGTYPE (someone else's key
+			// under the prefix): not a claim either way.
+			continue
+		default:
+			return nil, fmt.Errorf("read claims: %w", err)
+		}
+		out = append(out, newEntry(k, "", "", raw, ttls[i].Val()))
+	}
+	return out, nil
+}
+
+// escapeGlob escapes the characters SCAN's MATCH treats as a pattern, so a
+// prefix is matched literally.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
