@@ -266,7 +266,7 @@ func newEmail(name string) faulttest.Email {
 }
 
 // figure logs a measured figure; `go test -v` shows them, and
-// docs/RELIABILITY-faults.md quotes them.
+// docs/RELIABILITY.md quotes them.
 func figure(t *testing.T, format string, args ...any) {
 	t.Helper()
 	t.Logf("FIGURE %s: %s", t.Name(), fmt.Sprintf(format, args...))

@@ -19,7 +19,7 @@ import (
 // statuses involved (before, first, second) differ, so the contract's tie
 // rule settles the pair in either order. (A tie of three events, or A -> B
 // -> A within one second, cannot be settled by that rule in every order; the
-// generator makes none, see docs/RELIABILITY-faults.md.) Some chains end in
+// generator makes none, see docs/RELIABILITY.md.) Some chains end in
 // a terminal status (customer.subscription.deleted -> canceled, or
 // incomplete -> incomplete_expired); some of those are followed by a later
 // update that keeps the terminal status (Stripe never revives a
