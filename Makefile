@@ -26,9 +26,13 @@ lint:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
 
-# bench runs the Go benchmarks of the hot paths against throwaway servers.
+# bench runs the load harness (internal/bench) against throwaway Postgres
+# and Redis: the service binary beside its ceilings (chi, chi + verify,
+# pgbench on its upsert, redis-benchmark on its claim script), on fast and
+# on durable Postgres, plus the Go benchmarks; it writes docs/PERFORMANCE.md
+# in about four minutes. BENCH_FLAGS=-h lists the knobs.
 bench:
-	$(GO) run ./internal/dbtest/withservers -- $(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) run ./internal/bench -go $(GO) $(BENCH_FLAGS)
 
 # fuzz runs every fuzz target for FUZZTIME each (CI: a few seconds; seed
 # corpora live in each package's testdata/fuzz). Longer: make fuzz FUZZTIME=10m

@@ -21,11 +21,16 @@ const Tolerance = 300 * time.Second
 // Handler answers POST /webhooks/stripe.
 func Handler(ep *claim.Endpoint, secret string, store *entitlements.Store) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := claim.ReadBody(w, r)
+		pooled, err := claim.ReadPooledBody(w, r)
 		if err != nil {
 			ep.Reject(w, r, err)
 			return
 		}
+		// The body's buffer is reused once this delivery is answered:
+		// nothing keeps it, as decode copies what it reads and the flow
+		// only fingerprints it.
+		defer pooled.Release()
+		body := pooled.Bytes()
 		// Verify only: stripe-go's ConstructEvent would also decode the whole
 		// event into its own type and refuse other API versions.
 		if err := webhook.ValidatePayloadWithTolerance(body, r.Header.Get("Stripe-Signature"), secret, Tolerance); err != nil {

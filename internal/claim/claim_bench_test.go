@@ -1,0 +1,171 @@
+package claim
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+// The claim's round trips against a real Redis (TEST_REDIS_URL; skipped
+// without it, like the tests), and the flow and body reading around them.
+
+func benchStore(b *testing.B) *Store {
+	b.Helper()
+	rdb, prefix := dbtest.Redis(b)
+	return NewStore(rdb, StoreConfig{Prefix: prefix, Timeout: time.Second, ProcessingTTL: 2 * time.Minute})
+}
+
+// benchFingerprint is what a 3 KiB body's fingerprint looks like.
+var benchFingerprint = fingerprint(bytes.Repeat([]byte("x"), 3<<10))
+
+// BenchmarkClaimNew: one round trip that takes a new claim.
+func BenchmarkClaimNew(b *testing.B) {
+	s := benchStore(b)
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		r, err := s.Claim(ctx, "stripe", "evt_new_"+strconv.Itoa(i), benchFingerprint)
+		if err != nil || r.Status != Claimed {
+			b.Fatalf("claim = %+v, %v", r, err)
+		}
+	}
+}
+
+// BenchmarkClaimDone: one round trip that finds the event done, as a
+// duplicate delivery does.
+func BenchmarkClaimDone(b *testing.B) {
+	s := benchStore(b)
+	ctx := b.Context()
+	if err := s.Confirm(ctx, "stripe", "evt_done", benchFingerprint, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := s.Claim(ctx, "stripe", "evt_done", benchFingerprint)
+		if err != nil || r.Status != Done {
+			b.Fatalf("claim = %+v, %v", r, err)
+		}
+	}
+}
+
+// BenchmarkConfirm: the round trip that marks an event done.
+func BenchmarkConfirm(b *testing.B) {
+	s := benchStore(b)
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if err := s.Confirm(ctx, "stripe", "evt_confirm_"+strconv.Itoa(i), benchFingerprint, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchFlow(b *testing.B) *Flow {
+	return NewFlow(benchStore(b), FlowConfig{
+		HandlerTimeout: 30 * time.Second,
+		Logger:         slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Registerer:     prometheus.NewRegistry(),
+	})
+}
+
+func noop(context.Context) error { return nil }
+
+// BenchmarkRunFirst: the whole flow for a new event with an effect that
+// costs nothing: claim, apply, confirm (two round trips).
+func BenchmarkRunFirst(b *testing.B) {
+	f := benchFlow(b)
+	body := bytes.Repeat([]byte("x"), 3<<10)
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		o := f.Run(ctx, stripe, Delivery{EventID: "evt_run_" + strconv.Itoa(i), EventType: "t", Body: body, Apply: noop})
+		if o.Result != Processed {
+			b.Fatalf("run = %+v", o)
+		}
+	}
+}
+
+// BenchmarkRunDuplicate: the whole flow for a done event (one round trip).
+func BenchmarkRunDuplicate(b *testing.B) {
+	f := benchFlow(b)
+	body := bytes.Repeat([]byte("x"), 3<<10)
+	ctx := b.Context()
+	d := Delivery{EventID: "evt_dup", EventType: "t", Body: body, Apply: noop}
+	if o := f.Run(ctx, stripe, d); o.Result != Processed {
+		b.Fatalf("first run = %+v", o)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if o := f.Run(ctx, stripe, d); o.Result != Duplicate {
+			b.Fatalf("run = %+v", o)
+		}
+	}
+}
+
+// BenchmarkReadBody: reading a 3 KiB webhook body under the cap.
+func BenchmarkReadBody(b *testing.B) {
+	body := bytes.Repeat([]byte("x"), 3115)
+	r := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", nil)
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	w := httptest.NewRecorder()
+	rd := bytes.NewReader(body)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(body)
+		r.Body = io.NopCloser(rd)
+		r.ContentLength = int64(len(body))
+		got, err := ReadBody(w, r)
+		if err != nil || len(got) != len(body) {
+			b.Fatalf("read %d bytes, %v", len(got), err)
+		}
+	}
+}
+
+// BenchmarkReadPooledBody: the same into a reused buffer, as the Stripe
+// handler reads it.
+func BenchmarkReadPooledBody(b *testing.B) {
+	body := bytes.Repeat([]byte("x"), 3115)
+	r := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", nil)
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	w := httptest.NewRecorder()
+	rd := bytes.NewReader(body)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(body)
+		r.Body = io.NopCloser(rd)
+		r.ContentLength = int64(len(body))
+		got, err := ReadPooledBody(w, r)
+		if err != nil || len(got.Bytes()) != len(body) {
+			b.Fatalf("read %v", err)
+		}
+		got.Release()
+	}
+}
+
+// BenchmarkFingerprint: the body fingerprint stored with each claim.
+func BenchmarkFingerprint(b *testing.B) {
+	body := bytes.Repeat([]byte("x"), 3115)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		fingerprint(body)
+	}
+}

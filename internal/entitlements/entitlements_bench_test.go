@@ -1,0 +1,74 @@
+package entitlements
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+// The guarded upsert against a real Postgres (TEST_DATABASE_URL; skipped
+// without it, like the tests). One op is one statement, one round trip.
+
+func benchEntitlement(sub string) Entitlement {
+	return Entitlement{
+		SubscriptionID:   sub,
+		CustomerID:       "cus_QmunchableCust01",
+		Status:           "active",
+		PriceID:          "price_1QmunchableMonthly",
+		CurrentPeriodEnd: time.Unix(1767182400, 0).UTC(),
+	}
+}
+
+// BenchmarkApplyNew: every op inserts a new subscription, as a first
+// delivery of a new subscription does.
+func BenchmarkApplyNew(b *testing.B) {
+	s := NewStore(dbtest.NewPool(b), prometheus.NewRegistry())
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		id := strconv.Itoa(i)
+		applied, err := s.Apply(ctx, benchEntitlement("sub_new_"+id), Event{ID: "evt_new_" + id, Created: t0, PreviousStatus: "incomplete"})
+		if err != nil || !applied {
+			b.Fatalf("apply = %v, %v", applied, err)
+		}
+	}
+}
+
+// BenchmarkApplyNewer: every op is a newer event for the same
+// subscription, so the guard passes and the row is updated.
+func BenchmarkApplyNewer(b *testing.B) {
+	s := NewStore(dbtest.NewPool(b), prometheus.NewRegistry())
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		applied, err := s.Apply(ctx, benchEntitlement("sub_newer"), Event{ID: "evt_newer_" + strconv.Itoa(i), Created: t0.Add(time.Duration(i) * time.Second)})
+		if err != nil || !applied {
+			b.Fatalf("apply = %v, %v", applied, err)
+		}
+	}
+}
+
+// BenchmarkApplyStale: every op is an event older than the stored one, so
+// the guard refuses it and nothing is written.
+func BenchmarkApplyStale(b *testing.B) {
+	s := NewStore(dbtest.NewPool(b), prometheus.NewRegistry())
+	ctx := b.Context()
+	if _, err := s.Apply(ctx, benchEntitlement("sub_stale"), Event{ID: "evt_latest", Created: t0.Add(time.Hour)}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		applied, err := s.Apply(ctx, benchEntitlement("sub_stale"), Event{ID: "evt_old", Created: t0})
+		if err != nil || applied {
+			b.Fatalf("apply = %v, %v", applied, err)
+		}
+	}
+}
