@@ -34,6 +34,9 @@ type Body struct {
 	buf bytes.Buffer
 }
 
+// maxPresize bounds the buffer allocated from Content-Length alone.
+const maxPresize = 64 << 10
+
 // maxPooledBody is the largest buffer kept for reuse: one that a rare big
 // body grew is left to the garbage collector rather than pinned.
 const maxPooledBody = 64 << 10
@@ -69,7 +72,10 @@ func readBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) error {
 		return ErrNotJSON
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
-	if n := r.ContentLength; n > 0 && n <= MaxBody {
+	// Trust Content-Length for a presize only up to a typical event's size:
+	// an unauthenticated client claiming 1 MiB must not make us allocate it
+	// before sending a byte.
+	if n := r.ContentLength; n > 0 && n <= maxPresize {
 		buf.Grow(int(n) + bytes.MinRead)
 	}
 	_, err := buf.ReadFrom(r.Body)
