@@ -194,6 +194,10 @@ func TestServeWithoutRedis(t *testing.T) {
 	if r.StatusCode != 200 || !strings.Contains(string(body), "not configured") {
 		t.Errorf("readyz without redis = %d %s, want 200 saying redis is not configured", r.StatusCode, body)
 	}
+	// The degraded flag is read into the delivery's log line, not just set.
+	if logs := s.logs.String(); !strings.Contains(logs, `"degraded":true`) || !strings.Contains(logs, `"degraded_reason":"no_redis"`) {
+		t.Errorf("no delivery log line marked degraded (no_redis):\n%s", logs)
+	}
 	if !strings.Contains(s.logs.String(), "REDIS_URL is empty") {
 		t.Error("no startup warning about the missing REDIS_URL")
 	}
