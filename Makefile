@@ -19,20 +19,20 @@ run: build
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
 # TEST_REDIS_URL it starts throwaway postgres and redis-server first.
 test:
-	$(GO) run ./internal/dbtest/withservers -- $(GO) test -race -count=1 ./...
+	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
 
 lint:
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
 
-# bench runs the load harness (internal/bench) against throwaway Postgres
+# bench runs the load harness (tools/bench) against throwaway Postgres
 # and Redis: the service binary beside its ceilings (chi, chi + verify,
 # pgbench on its upsert, redis-benchmark on its claim script), on fast and
 # on durable Postgres, plus the Go benchmarks; it writes docs/PERFORMANCE.md
 # in about four minutes. BENCH_FLAGS=-h lists the knobs.
 bench:
-	$(GO) run ./internal/bench -go $(GO) $(BENCH_FLAGS)
+	$(GO) run ./tools/bench -go $(GO) $(BENCH_FLAGS)
 
 # fuzz runs every fuzz target for FUZZTIME each (CI: a few seconds; seed
 # corpora live in each package's testdata/fuzz). Longer: make fuzz FUZZTIME=10m
@@ -54,7 +54,7 @@ fuzz:
 # go run exits 1 after any Ctrl-C, which would hide the service's status.)
 .PHONY: dev
 dev: build
-	$(GO) build -o bin/withservers ./internal/dbtest/withservers
+	$(GO) build -o bin/withservers ./tools/withservers
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
 	RESEND_WEBHOOK_SECRET="$${RESEND_WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==}" \
@@ -69,4 +69,4 @@ dev: build
 # against a model. Needs only the server binaries; SOAK_FLAGS=-h lists flags.
 .PHONY: soak
 soak:
-	$(GO) run ./internal/soak $(SOAK_FLAGS)
+	$(GO) run ./tools/soak $(SOAK_FLAGS)

@@ -4,7 +4,7 @@
 // NewDatabase, NewPool, Redis and RedisURL use the servers named by
 // TEST_DATABASE_URL and TEST_REDIS_URL. When one is unset the test is skipped,
 // except under CI=true, where a missing service is a failure. `make test`
-// (internal/dbtest/withservers) starts throwaway servers when none are given.
+// (tools/withservers) starts throwaway servers when none are given.
 //
 // StartRedis and StartPostgres start private servers that a test may kill and
 // restart; they need only the server binaries.

@@ -9,7 +9,7 @@ import (
 
 // servicePackage is built by import path, so Build works from any directory
 // inside the module (a test's package directory, or wherever `go run
-// ./internal/soak` was started).
+// ./tools/soak` was started).
 const servicePackage = "github.com/munchable/munchable-webhooks/cmd/munchable-webhooks"
 
 // Build compiles the service into dir and returns the binary's path. It

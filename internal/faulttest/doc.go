@@ -5,7 +5,7 @@
 // handler stuck past its deadline, SIGTERM under load, three replicas racing
 // for one event.
 //
-// The non-test files are the harness, shared with the soak (internal/soak):
+// The non-test files are the harness, shared with the soak (tools/soak):
 // building the binary, running, killing and restarting it, playing the
 // providers (Stripe and Resend deliveries, signed on every attempt as the
 // providers do), a fake Resend API, and reading /metrics. The fault cases are

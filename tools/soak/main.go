@@ -3,8 +3,8 @@
 // the database against a model of what the events must have left: nothing
 // lost, nothing regressed, nothing duplicated.
 //
-//	go run ./internal/soak                 # 20,000 events (make soak)
-//	go run ./internal/soak -events 3000    # a short one
+//	go run ./tools/soak                 # 20,000 events (make soak)
+//	go run ./tools/soak -events 3000    # a short one
 //
 // It starts everything it needs on free ports and removes it at the end: a
 // redis-server, a Postgres cluster (dbtest's throwaway servers), a fake

@@ -3,7 +3,7 @@
 // server (Postgres or redis-server, in a temporary directory) and stops it
 // when the command ends. It exits with the command's exit code.
 //
-//	go run ./internal/dbtest/withservers -- go test ./...
+//	go run ./tools/withservers -- go test ./...
 //
 // Flags name other variables and keep the servers' files elsewhere; `make
 // dev` runs the service this way:

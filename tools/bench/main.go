@@ -6,7 +6,7 @@
 // runs the Go benchmarks, repeats the first-delivery runs on a durable
 // Postgres, and writes docs/PERFORMANCE.md.
 //
-//	go run ./internal/bench [-out docs/PERFORMANCE.md] [-duration 10s] ...
+//	go run ./tools/bench [-out docs/PERFORMANCE.md] [-duration 10s] ...
 //
 // Run as `bench ceiling -mode chi|verify -addr ...` it is one of the ceiling
 // servers (the harness starts them so).
