@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -109,7 +110,7 @@ func claims(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, newLogger(stderr, "warn"))
+	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, newLogger(stderr, slog.LevelWarn))
 	if err != nil {
 		return err
 	}
@@ -175,19 +176,19 @@ func describeEntry(e claim.Entry, now time.Time) string {
 		ttl = "none"
 	}
 	fields := []string{e.Key}
-	switch e.Value.State {
+	switch e.State {
 	case claim.Processing:
-		fields = append(fields, "processing", "owner="+e.Value.Owner)
-	case claim.Confirmed:
+		fields = append(fields, "processing", "owner="+e.Owner)
+	case claim.Done:
 		fields = append(fields, "done")
 	default:
 		return fmt.Sprintf("%s unreadable value %.60q ttl=%s", e.Key, e.Raw, ttl)
 	}
 	fields = append(fields,
-		"age="+now.Sub(e.Value.At).Round(time.Second).String(),
-		"at="+e.Value.At.UTC().Format(time.RFC3339),
+		"age="+now.Sub(e.At).Round(time.Second).String(),
+		"at="+e.At.UTC().Format(time.RFC3339),
 		"ttl="+ttl,
-		"fingerprint="+orDash(e.Value.Fingerprint))
+		"fingerprint="+orDash(e.Fingerprint))
 	return strings.Join(fields, " ")
 }
 

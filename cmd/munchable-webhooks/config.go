@@ -13,25 +13,37 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
 	svix "github.com/svix/svix-webhooks/go"
+
+	"github.com/munchable/munchable-webhooks/internal/resendhook"
 )
 
 // config is the service's whole configuration, read from the environment
-// (CONTRACT.md lists every variable).
+// (README.md lists every variable). validate also parses, once, the values
+// that packages take in a typed form, into the unexported fields.
 type config struct {
 	ListenAddr     string        `env:"LISTEN_ADDR" envDefault:":8080"`
+	MetricsAddr    string        `env:"METRICS_ADDR"`
 	DatabaseURL    secret        `env:"DATABASE_URL"`
 	RedisURL       secret        `env:"REDIS_URL"`
 	RedisTimeout   time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
 	RedisKeyPrefix string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
+	StripeAPIKey        secret `env:"STRIPE_API_KEY"`
+	StripeAPIURL        string `env:"STRIPE_API_URL" envDefault:"https://api.stripe.com"`
 	ResendWebhookSecret secret `env:"RESEND_WEBHOOK_SECRET"`
 	ResendAPIKey        secret `env:"RESEND_API_KEY"`
 	ResendAPIURL        string `env:"RESEND_API_URL" envDefault:"https://api.resend.com"`
 
-	SupportInboundAddresses []string `env:"SUPPORT_INBOUND_ADDRESSES"`
-	SupportFormRate         int      `env:"SUPPORT_FORM_RATE" envDefault:"10"`
-	TrustedProxies          []string `env:"TRUSTED_PROXIES" envDefault:"10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0/8,::1/128,fc00::/7"`
+	SupportInboundAddresses   []string `env:"SUPPORT_INBOUND_ADDRESSES"`
+	SupportAttachmentMaxBytes int64    `env:"SUPPORT_ATTACHMENT_MAX_BYTES" envDefault:"10485760"`
+	SupportFormRate           int      `env:"SUPPORT_FORM_RATE" envDefault:"10"`
+	SupportFormOrigins        []string `env:"SUPPORT_FORM_ORIGINS"`
+	SupportFormRedirectURL    string   `env:"SUPPORT_FORM_REDIRECT_URL"`
+	// TrustedProxies has no envDefault: caarlos0/env applies a default to
+	// an empty value too, and TRUSTED_PROXIES="" must mean "trust none".
+	// parseEnv fills in defaultTrustedProxies when the variable is unset.
+	TrustedProxies []string `env:"TRUSTED_PROXIES"`
 
 	HandlerTimeout         time.Duration `env:"HANDLER_TIMEOUT" envDefault:"30s"`
 	ClaimProcessingTTL     time.Duration `env:"CLAIM_PROCESSING_TTL" envDefault:"120s"`
@@ -39,11 +51,27 @@ type config struct {
 	ResendDedupeTTL        time.Duration `env:"RESEND_DEDUPE_TTL" envDefault:"30h"`
 	StripeClaimFailureMode string        `env:"STRIPE_CLAIM_FAILURE_MODE" envDefault:"open"`
 	ResendClaimFailureMode string        `env:"RESEND_CLAIM_FAILURE_MODE" envDefault:"open"`
+	PoisonAfter            int           `env:"POISON_AFTER" envDefault:"5"`
+
+	BodyReadTimeout      time.Duration `env:"BODY_READ_TIMEOUT" envDefault:"10s"`
+	MaxInflightBodyBytes int64         `env:"MAX_INFLIGHT_BODY_BYTES" envDefault:"33554432"`
 
 	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"16"`
 	ShutdownDelay    time.Duration `env:"SHUTDOWN_DELAY" envDefault:"0s"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`
+
+	// Parsed by validate.
+	resendWebhook  *svix.Webhook
+	resendAPIURL   *url.URL
+	stripeAPIURL   *url.URL
+	inbound        resendhook.Inbound
+	trustedProxies []netip.Prefix
+	logLevel       slog.Level
 }
+
+// defaultTrustedProxies are the private ranges and loopback, where a load
+// balancer in front of the service usually stands.
+const defaultTrustedProxies = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0/8,::1/128,fc00::/7"
 
 // migrateConfig is what the migrate command needs: a migration job should
 // not have to carry the webhook secrets.
@@ -52,7 +80,7 @@ type migrateConfig struct {
 	LogLevel    string `env:"LOG_LEVEL" envDefault:"info"`
 }
 
-func (c migrateConfig) validate() []error {
+func (c *migrateConfig) validate() []error {
 	var p []error
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
 		p = append(p, errors.New("DATABASE_URL is required"))
@@ -92,12 +120,22 @@ func loadMigrateConfig(environ []string) (migrateConfig, error) {
 	return parseEnv[migrateConfig](environ)
 }
 
-func parseEnv[T interface{ validate() []error }](environ []string) (T, error) {
+// validator is a configuration struct whose validate also fills in what
+// it parses.
+type validator[T any] interface {
+	*T
+	validate() []error
+}
+
+func parseEnv[T any, P validator[T]](environ []string) (T, error) {
 	vars := make(map[string]string, len(environ))
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			vars[k] = v
 		}
+	}
+	if _, set := vars["TRUSTED_PROXIES"]; !set {
+		vars["TRUSTED_PROXIES"] = defaultTrustedProxies
 	}
 	cfg, err := env.ParseAsWithOptions[T](env.Options{Environment: vars})
 	var problems []error
@@ -111,7 +149,7 @@ func parseEnv[T interface{ validate() []error }](environ []string) (T, error) {
 	}
 	// A value that did not parse is not reported a second time as out of
 	// range (each problem starts with its variable's name).
-	for _, p := range cfg.validate() {
+	for _, p := range P(&cfg).validate() {
 		if name, _, _ := strings.Cut(p.Error(), " "); !unparsed[name] {
 			problems = append(problems, p)
 		}
@@ -139,47 +177,106 @@ func parseProblems[T any](err error) []error {
 	return out
 }
 
-func (c config) validate() []error {
+func (c *config) validate() []error {
 	var p []error
 	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
-	required := map[string]string{
-		"DATABASE_URL":              string(c.DatabaseURL),
-		"STRIPE_WEBHOOK_SECRET":     string(c.StripeWebhookSecret),
-		"RESEND_WEBHOOK_SECRET":     string(c.ResendWebhookSecret),
-		"RESEND_API_KEY":            string(c.ResendAPIKey),
-		"SUPPORT_INBOUND_ADDRESSES": strings.Join(c.SupportInboundAddresses, ""),
+	c.checkRequired(add)
+	c.parseEndpoints(add)
+	c.parseSupport(add)
+	c.checkDurations(add)
+	c.checkLimits(add)
+	return p
+}
+
+type addProblem func(format string, args ...any)
+
+func (c *config) checkRequired(add addProblem) {
+	required := []struct{ name, value string }{
+		{"DATABASE_URL", string(c.DatabaseURL)},
+		{"STRIPE_WEBHOOK_SECRET", string(c.StripeWebhookSecret)},
+		{"RESEND_WEBHOOK_SECRET", string(c.ResendWebhookSecret)},
+		{"RESEND_API_KEY", string(c.ResendAPIKey)},
+		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(c.SupportInboundAddresses, "")},
 	}
-	for _, name := range []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "RESEND_WEBHOOK_SECRET", "RESEND_API_KEY", "SUPPORT_INBOUND_ADDRESSES"} {
-		if strings.TrimSpace(required[name]) == "" {
-			add("%s is required", name)
+	for _, r := range required {
+		if strings.TrimSpace(r.value) == "" {
+			add("%s is required", r.name)
 		}
 	}
 	if c.ListenAddr == "" {
 		add("LISTEN_ADDR must not be empty")
 	}
+	if c.MetricsAddr != "" && c.MetricsAddr == c.ListenAddr {
+		add("METRICS_ADDR must differ from LISTEN_ADDR: it exists to keep /metrics off the public listener")
+	}
+	l, err := parseLevel(c.LogLevel)
+	if err != nil {
+		add("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel)
+	}
+	c.logLevel = l
+}
+
+// parseEndpoints parses the URLs and the secret that need more than a type.
+func (c *config) parseEndpoints(add addProblem) {
 	if c.RedisURL != "" {
 		if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
 			add("REDIS_URL is invalid: want redis://host:port[/db] or rediss://...")
 		}
 	}
 	if c.ResendWebhookSecret != "" {
-		if _, err := svix.NewWebhook(string(c.ResendWebhookSecret)); err != nil {
+		wh, err := svix.NewWebhook(string(c.ResendWebhookSecret))
+		if err != nil {
 			add("RESEND_WEBHOOK_SECRET is invalid: want the whsec_... signing secret from the Resend webhook")
 		}
+		c.resendWebhook = wh
 	}
-	if u, err := url.Parse(c.ResendAPIURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	var ok bool
+	if c.resendAPIURL, ok = parseHTTPURL(c.ResendAPIURL); !ok {
 		add("RESEND_API_URL is invalid: want an http(s) URL")
 	}
-	for _, a := range c.SupportInboundAddresses {
-		if !validInbound(strings.TrimSpace(a)) {
-			add("SUPPORT_INBOUND_ADDRESSES has %q: want user@domain or @domain", a)
+	if c.stripeAPIURL, ok = parseHTTPURL(c.StripeAPIURL); !ok {
+		add("STRIPE_API_URL is invalid: want an http(s) URL")
+	}
+	if r := c.SupportFormRedirectURL; r != "" {
+		if _, ok := parseHTTPURL(r); !ok && !strings.HasPrefix(r, "/") {
+			add("SUPPORT_FORM_REDIRECT_URL is invalid: want an http(s) URL or a path")
 		}
 	}
+}
+
+func parseHTTPURL(s string) (*url.URL, bool) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, false
+	}
+	return u, true
+}
+
+// parseSupport parses the inbound addresses, the form's origins and the
+// trusted proxies.
+func (c *config) parseSupport(add addProblem) {
+	in, bad := resendhook.ParseInbound(c.SupportInboundAddresses)
+	for _, a := range bad {
+		add("SUPPORT_INBOUND_ADDRESSES has %q: want user@domain or @domain", a)
+	}
+	c.inbound = in
+	for _, o := range c.SupportFormOrigins {
+		if u, ok := parseHTTPURL(strings.TrimSpace(o)); !ok || u.Path != "" || u.RawQuery != "" {
+			add("SUPPORT_FORM_ORIGINS has %q: want an origin such as https://munchable.app", o)
+		}
+	}
+	c.trustedProxies = nil
 	for _, cidr := range c.TrustedProxies {
-		if _, err := netip.ParsePrefix(strings.TrimSpace(cidr)); err != nil {
+		pfx, err := netip.ParsePrefix(strings.TrimSpace(cidr))
+		if err != nil {
 			add("TRUSTED_PROXIES has %q: want a CIDR such as 10.0.0.0/8", cidr)
+			continue
 		}
+		c.trustedProxies = append(c.trustedProxies, pfx.Masked())
 	}
+}
+
+func (c *config) checkDurations(add addProblem) {
 	positive := []struct {
 		name string
 		d    time.Duration
@@ -189,6 +286,7 @@ func (c config) validate() []error {
 		{"CLAIM_PROCESSING_TTL", c.ClaimProcessingTTL},
 		{"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL},
 		{"RESEND_DEDUPE_TTL", c.ResendDedupeTTL},
+		{"BODY_READ_TIMEOUT", c.BodyReadTimeout},
 	}
 	for _, v := range positive {
 		if v.d <= 0 {
@@ -201,6 +299,12 @@ func (c config) validate() []error {
 	if c.ClaimProcessingTTL > 0 && c.ClaimProcessingTTL%time.Millisecond != 0 {
 		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds")
 	}
+	if c.ShutdownDelay < 0 {
+		add("SHUTDOWN_DELAY must not be negative")
+	}
+}
+
+func (c *config) checkLimits(add addProblem) {
 	for _, m := range []struct{ name, mode string }{
 		{"STRIPE_CLAIM_FAILURE_MODE", c.StripeClaimFailureMode},
 		{"RESEND_CLAIM_FAILURE_MODE", c.ResendClaimFailureMode},
@@ -209,34 +313,25 @@ func (c config) validate() []error {
 			add("%s is %q: want open or closed", m.name, m.mode)
 		}
 	}
-	if c.SupportFormRate < 1 {
-		add("SUPPORT_FORM_RATE must be at least 1")
+	atLeast := []struct {
+		name     string
+		got, min int64
+	}{
+		{"SUPPORT_FORM_RATE", int64(c.SupportFormRate), 1},
+		{"DATABASE_MAX_CONNS", int64(c.DatabaseMaxConns), 1},
+		{"POISON_AFTER", int64(c.PoisonAfter), 0},
+		{"SUPPORT_ATTACHMENT_MAX_BYTES", c.SupportAttachmentMaxBytes, 0},
+		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 1 << 20},
 	}
-	if c.ShutdownDelay < 0 {
-		add("SHUTDOWN_DELAY must not be negative")
-	}
-	if c.DatabaseMaxConns < 1 {
-		add("DATABASE_MAX_CONNS must be at least 1")
-	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		add("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel)
-	}
-	return p
-}
-
-// trustedProxies parses TRUSTED_PROXIES (validated already).
-func (c config) trustedProxies() []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(c.TrustedProxies))
-	for _, cidr := range c.TrustedProxies {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(cidr)); err == nil {
-			out = append(out, p.Masked())
+	for _, v := range atLeast {
+		if v.got < v.min {
+			add("%s must be at least %d", v.name, v.min)
 		}
 	}
-	return out
 }
 
 // warnings are settings that work but that an operator should hear about.
-func (c config) warnings() []string {
+func (c *config) warnings() []string {
 	var w []string
 	if c.RedisURL == "" {
 		w = append(w, "REDIS_URL is empty: claims are disabled and every delivery runs degraded")
@@ -248,11 +343,6 @@ func (c config) warnings() []string {
 		w = append(w, "RESEND_DEDUPE_TTL is shorter than Svix's 27h35m retry horizon: late retries will be applied again")
 	}
 	return w
-}
-
-func validInbound(a string) bool {
-	local, domain, ok := strings.Cut(a, "@")
-	return ok && domain != "" && !strings.ContainsAny(domain, "@ ") && !strings.ContainsAny(local, " ")
 }
 
 func parseLevel(s string) (slog.Level, error) {

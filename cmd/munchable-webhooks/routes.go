@@ -1,19 +1,20 @@
 package main
 
 import (
-	"github.com/go-chi/chi/v5"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"net/http"
 
-	"github.com/munchable/munchable-webhooks/internal/stripehook"
+	"github.com/go-chi/chi/v5"
 )
 
 // addRoutes is the service's whole HTTP surface.
-func addRoutes(r chi.Router, d serverDeps) {
+func addRoutes(r chi.Router, readyz, metrics, stripe, resend, form http.Handler, formLimit func(http.Handler) http.Handler) {
 	r.Get("/healthz", handleHealthz())
-	r.Get("/readyz", handleReadyz(d.pool, d.claims, d.draining))
-	r.Method("GET", "/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
+	r.Method(http.MethodGet, "/readyz", readyz)
+	if metrics != nil {
+		r.Method(http.MethodGet, "/metrics", metrics)
+	}
 
-	r.Method("POST", "/webhooks/stripe", stripehook.Handler(d.stripe, d.stripeSecret, d.entitlements))
-	r.Method("POST", "/webhooks/resend", d.resend)
-	r.With(d.formLimit).Method("POST", "/support/messages", d.supportForm)
+	r.Method(http.MethodPost, "/webhooks/stripe", stripe)
+	r.Method(http.MethodPost, "/webhooks/resend", resend)
+	r.With(formLimit).Method(http.MethodPost, "/support/messages", form)
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -18,12 +19,14 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
+	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/support"
 	"github.com/munchable/munchable-webhooks/migrations"
 )
@@ -38,7 +41,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stdout, cfg.LogLevel)
+	logger := newLogger(stdout, cfg.logLevel)
 	for _, w := range cfg.warnings() {
 		logger.Warn(w)
 	}
@@ -51,7 +54,6 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := migrateUp(ctx, pool, logger); err != nil {
 		return err
 	}
-
 	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, logger)
 	if err != nil {
 		return err
@@ -60,9 +62,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		defer rdb.Close()
 	}
 
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
+	registry := newRegistry()
 	claims := claim.NewStore(rdb, claim.StoreConfig{
 		Prefix:        cfg.RedisKeyPrefix,
 		Timeout:       cfg.RedisTimeout,
@@ -73,41 +73,70 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
+		PoisonAfter:    cfg.PoisonAfter,
 		Logger:         logger,
 		Registerer:     registry,
 	})
-
 	queue := support.NewQueue(pool)
-	resend, err := resendhook.NewHandler(
-		flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: cfg.ResendDedupeTTL, FailClosed: cfg.ResendClaimFailureMode == "closed"}),
-		queue,
-		resendhook.Config{
-			Secret:     string(cfg.ResendWebhookSecret),
-			APIKey:     string(cfg.ResendAPIKey),
-			APIURL:     cfg.ResendAPIURL,
-			Inbound:    cfg.SupportInboundAddresses,
-			Logger:     logger,
-			Registerer: registry,
-		})
-	if err != nil {
-		return err
-	}
 
 	var draining atomic.Bool
-	handler := newServer(serverDeps{
-		logger:       logger,
-		registry:     registry,
-		pool:         pool,
-		claims:       claims,
-		draining:     &draining,
-		stripe:       flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: cfg.StripeDedupeTTL, FailClosed: cfg.StripeClaimFailureMode == "closed"}),
-		stripeSecret: string(cfg.StripeWebhookSecret),
-		entitlements: entitlements.NewStore(pool, registry),
-		resend:       resend,
-		supportForm:  support.FormHandler(queue, logger),
-		formLimit:    support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies()),
-	})
+	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	handler := newServer(logger,
+		handleReadyz(pool, claims, &draining),
+		publicMetrics(cfg, metrics),
+		stripehook.NewHandler(
+			flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode)),
+			string(cfg.StripeWebhookSecret),
+			entitlements.NewStore(pool, registry)),
+		resendhook.NewHandler(
+			flow.Endpoint(provider("resend", cfg.ResendDedupeTTL, cfg.ResendClaimFailureMode)),
+			queue,
+			resendhook.Config{
+				Webhook:    cfg.resendWebhook,
+				APIKey:     string(cfg.ResendAPIKey),
+				APIURL:     cfg.resendAPIURL,
+				Inbound:    cfg.inbound,
+				Logger:     logger,
+				Registerer: registry,
+			}),
+		support.FormHandler(queue, logger),
+		support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies),
+	)
+	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
+}
 
+func provider(name string, dedupeTTL time.Duration, failureMode string) claim.Provider {
+	return claim.Provider{Name: name, DedupeTTL: dedupeTTL, FailClosed: failureMode == "closed"}
+}
+
+// newRegistry is the service's own metrics registry (no global one).
+func newRegistry() *prometheus.Registry {
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "webhook_build_info",
+		Help: "The running build: always 1, labelled with its version and Go version.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	registry.MustRegister(buildInfo)
+	return registry
+}
+
+// publicMetrics is /metrics on the public listener: nil (404) when
+// METRICS_ADDR moves it to a listener of its own.
+func publicMetrics(cfg config, metrics http.Handler) http.Handler {
+	if cfg.MetricsAddr != "" {
+		return nil
+	}
+	return metrics
+}
+
+// listenAndServe serves until ctx ends, then drains: readiness fails first,
+// so the load balancer stops sending; then the listener closes and
+// in-flight deliveries finish under their deadline, releasing any claim
+// they cannot complete.
+func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, metrics http.Handler, draining *atomic.Bool) error {
+	errorLog := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -115,41 +144,66 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		// A delivery may run for the whole handler deadline before it answers.
 		WriteTimeout: cfg.HandlerTimeout + 2*cfg.RedisTimeout + 10*time.Second,
 		IdleTimeout:  120 * time.Second,
-		ErrorLog:     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorLog:     errorLog,
 	}
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
+	servers := []*http.Server{srv}
+	if cfg.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics)
+		servers = append(servers, &http.Server{
+			Addr: cfg.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: errorLog,
+		})
 	}
-	logger.Info("serving", "addr", ln.Addr().String(), "redis", rdb != nil)
+	served := make(chan error, len(servers))
+	for i, s := range servers {
+		addr := cfg.ListenAddr
+		if i > 0 {
+			addr = cfg.MetricsAddr
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, started := range servers[:i] {
+				_ = started.Close()
+			}
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		logger.Info("serving", "addr", ln.Addr().String(), "metrics_only", i > 0)
+		go func() { served <- s.Serve(ln) }()
+	}
 
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err := <-served:
+		for _, s := range servers {
+			_ = s.Close()
+		}
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	stop() // a second signal ends the process the default way
 
-	// Readiness fails first, so the load balancer stops sending; then the
-	// listener closes and in-flight deliveries finish under their deadline,
-	// releasing any claim they cannot complete.
 	draining.Store(true)
-	logger.Info("shutting down", "delay", cfg.ShutdownDelay)
+	logger.Info("shutting down", "delay_ms", cfg.ShutdownDelay.Milliseconds())
 	time.Sleep(cfg.ShutdownDelay)
 	grace := cfg.HandlerTimeout + 2*cfg.RedisTimeout + 5*time.Second
+	// A fresh context: ctx is already done.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("shutdown: %w", err)
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(shutdownCtx); err != nil {
+			_ = s.Close()
+			errs = append(errs, fmt.Errorf("shutdown: %w", err))
+		}
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", err)
+	for range servers {
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("serve: %w", err))
+		}
 	}
-	logger.Info("stopped")
-	return nil
+	if len(errs) == 0 {
+		logger.Info("stopped")
+	}
+	return errors.Join(errs...)
 }
 
 func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
@@ -157,7 +211,8 @@ func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stdout, cfg.LogLevel)
+	level, _ := parseLevel(cfg.LogLevel) // validated
+	logger := newLogger(stdout, level)
 	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
 	if err != nil {
 		return err
@@ -166,9 +221,8 @@ func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
 	return migrateUp(ctx, pool, logger)
 }
 
-func newLogger(w io.Writer, level string) *slog.Logger {
-	l, _ := parseLevel(level) // validated with the config
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
 func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {

@@ -11,35 +11,19 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
-	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
-// serverDeps is everything the routes need, built by serve.
-type serverDeps struct {
-	logger   *slog.Logger
-	registry *prometheus.Registry
-	pool     *pgxpool.Pool
-	claims   *claim.Store
-	draining *atomic.Bool
-
-	stripe       *claim.Endpoint
-	stripeSecret string
-	entitlements *entitlements.Store
-
-	resend      http.Handler
-	supportForm http.Handler
-	formLimit   func(http.Handler) http.Handler
-}
-
-func newServer(d serverDeps) http.Handler {
+// newServer is the service's HTTP handler. Each route's handler is built by
+// serve and handed in; metrics is nil when METRICS_ADDR serves it
+// elsewhere.
+func newServer(logger *slog.Logger, readyz, metrics, stripe, resend, form http.Handler, formLimit func(http.Handler) http.Handler) http.Handler {
 	r := chi.NewRouter()
-	r.Use(recoverer(d.logger))
+	r.Use(recoverer(logger))
 	r.NotFound(jsonError(http.StatusNotFound, "not found"))
 	r.MethodNotAllowed(jsonError(http.StatusMethodNotAllowed, "method not allowed"))
-	addRoutes(r, d)
+	addRoutes(r, readyz, metrics, stripe, resend, form, formLimit)
 	return r
 }
 
@@ -53,14 +37,14 @@ func handleHealthz() http.HandlerFunc {
 // Redis is reported but never fails readiness: without it the service
 // fails open, and pulling every replica out of the load balancer would turn
 // a degraded service into a dead one.
-func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool) http.HandlerFunc {
+func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool) http.Handler {
 	type report struct {
 		Ready    bool   `json:"ready"`
 		Draining bool   `json:"draining"`
 		Postgres string `json:"postgres"`
 		Redis    string `json:"redis"`
 	}
-	return func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rep := report{Ready: true, Postgres: "ok", Redis: "ok"}
 		if draining.Load() {
 			rep.Ready, rep.Draining = false, true
@@ -84,7 +68,7 @@ func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool
 			status = http.StatusServiceUnavailable
 		}
 		writeJSON(w, status, rep)
-	}
+	})
 }
 
 // recoverer turns a panic outside the claim flow (which recovers its own and

@@ -22,20 +22,6 @@ var (
 	ErrNotProcessing = errors.New("not a processing claim")
 )
 
-// Entry is one claim key as an operator sees it.
-type Entry struct {
-	Key      string
-	Provider string
-	EventID  string
-	// Value is the parsed value; its State is empty when Raw is not a claim
-	// value (a foreign or corrupted key under the prefix).
-	Value Value
-	Raw   string
-	// TTL is the time left before the key expires; negative when it has no
-	// expiry (nothing this service writes).
-	TTL time.Duration
-}
-
 // Inspect reads the key of one provider's event. It returns ErrAbsent when
 // there is none.
 func (s *Store) Inspect(ctx context.Context, provider, eventID string) (Entry, error) {
@@ -49,6 +35,7 @@ func (s *Store) Inspect(ctx context.Context, provider, eventID string) (Entry, e
 	pipe := s.rdb.Pipeline()
 	get := pipe.Get(ctx, key)
 	pttl := pipe.PTTL(ctx, key)
+	failures := pipe.Get(ctx, failuresKey(key))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Entry{}, fmt.Errorf("inspect %s: %w", key, err)
 	}
@@ -59,15 +46,9 @@ func (s *Store) Inspect(ctx context.Context, provider, eventID string) (Entry, e
 	if err != nil {
 		return Entry{}, fmt.Errorf("inspect %s: %w", key, err)
 	}
-	return newEntry(key, provider, eventID, raw, pttl.Val()), nil
-}
-
-func newEntry(key, provider, eventID, raw string, ttl time.Duration) Entry {
-	e := Entry{Key: key, Provider: provider, EventID: eventID, Raw: raw, TTL: ttl}
-	if v, err := ParseValue(raw); err == nil {
-		e.Value = v
-	}
-	return e
+	e := newEntry(key, provider, eventID, raw, pttl.Val())
+	e.Failures, _ = failures.Int64() // absent: no failure
+	return e, nil
 }
 
 // forceReleaseScript deletes a processing claim whoever owns it, and any
@@ -116,7 +97,7 @@ func (s *Store) ForceRelease(ctx context.Context, provider, eventID string, forc
 	}
 	e := newEntry(key, provider, eventID, raw, 0)
 	if deleted != 1 {
-		state := string(e.Value.State)
+		state := string(e.State)
 		if state == "" {
 			state = "a value that is not a claim"
 		}
@@ -136,7 +117,7 @@ func (s *Store) MarkDone(ctx context.Context, provider, eventID string, ttl time
 	if err != nil && !errors.Is(err, ErrAbsent) {
 		return err
 	}
-	return s.Confirm(ctx, provider, eventID, e.Value.Fingerprint, ttl)
+	return s.confirm(ctx, provider, eventID, e.Fingerprint, ttl)
 }
 
 // Stuck lists the processing claims claimed before now minus olderThan,
@@ -161,7 +142,7 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, now time.Tim
 			return nil, err
 		}
 		for _, e := range entries {
-			if e.Value.State == Processing && now.Sub(e.Value.At) > olderThan {
+			if e.State == Processing && now.Sub(e.At) > olderThan {
 				e.Provider, e.EventID, _ = strings.Cut(strings.TrimPrefix(e.Key, prefix), ":")
 				stuck = append(stuck, e)
 			}
@@ -170,8 +151,32 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, now time.Tim
 			break
 		}
 	}
-	slices.SortFunc(stuck, func(a, b Entry) int { return a.Value.At.Compare(b.Value.At) })
+	slices.SortFunc(stuck, func(a, b Entry) int { return a.At.Compare(b.At) })
+	if err := s.readFailures(ctx, stuck); err != nil {
+		return nil, err
+	}
 	return stuck, nil
+}
+
+// readFailures fills in each entry's failed attempts, in one round trip.
+func (s *Store) readFailures(ctx context.Context, entries []Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	pipe := s.rdb.Pipeline()
+	gets := make([]*redis.StringCmd, len(entries))
+	for i, e := range entries {
+		gets[i] = pipe.Get(ctx, failuresKey(e.Key))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read failures: %w", err)
+	}
+	for i := range entries {
+		entries[i].Failures, _ = gets[i].Int64() // absent: no failure
+	}
+	return nil
 }
 
 func (s *Store) scan(ctx context.Context, cursor uint64, match string, count int64) ([]string, uint64, error) {

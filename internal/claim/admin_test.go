@@ -18,7 +18,7 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("inspect of an absent key: err = %v, want ErrAbsent", err)
 	}
 
-	r, err := s.Claim(ctx, "stripe", "evt_1", "fp1")
+	r, err := tryClaim(s, ctx, "stripe", "evt_1", "fp1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,24 +26,24 @@ func TestInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Value.State != Processing || got.Value.Owner != r.Token || got.Value.Fingerprint != "fp1" || got.Key != s.Key("stripe", "evt_1") {
+	if got.State != Processing || got.Owner != r.Token || got.Fingerprint != "fp1" || got.Key != s.Key("stripe", "evt_1") {
 		t.Errorf("inspect of a processing claim = %+v, want processing owned by %s", got, r.Token)
 	}
 	if got.TTL <= time.Minute || got.TTL > 2*time.Minute {
 		t.Errorf("TTL = %s, want about 2m", got.TTL)
 	}
-	if age := time.Since(got.Value.At); age < 0 || age > time.Minute {
+	if age := time.Since(got.At); age < 0 || age > time.Minute {
 		t.Errorf("claimed %s ago, want just now", age)
 	}
 
-	if err := s.Confirm(ctx, "stripe", "evt_1", "fp1", 72*time.Hour); err != nil {
+	if err := s.confirm(ctx, "stripe", "evt_1", "fp1", 72*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	got, err = s.Inspect(ctx, "stripe", "evt_1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Value.State != Confirmed || got.TTL < 71*time.Hour {
+	if got.State != Done || got.TTL < 71*time.Hour {
 		t.Errorf("inspect of a done key = %+v, want done with the dedupe TTL", got)
 	}
 }
@@ -55,7 +55,7 @@ func TestForceRelease(t *testing.T) {
 	exists := func(id string) bool { return rdb.Exists(ctx, s.Key("stripe", id)).Val() == 1 }
 
 	// Someone else's processing claim: released, whoever owns it.
-	r, err := s.Claim(ctx, "stripe", "evt_stuck", "fp")
+	r, err := tryClaim(s, ctx, "stripe", "evt_stuck", "fp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestForceRelease(t *testing.T) {
 	if err != nil {
 		t.Fatalf("force release of a processing claim: %v", err)
 	}
-	if e.Value.Owner != r.Token || exists("evt_stuck") {
+	if e.Owner != r.Token || exists("evt_stuck") {
 		t.Errorf("released %+v; key still there: %v", e, exists("evt_stuck"))
 	}
 	if _, err := s.ForceRelease(ctx, "stripe", "evt_stuck", false); !errors.Is(err, ErrAbsent) {
@@ -71,11 +71,11 @@ func TestForceRelease(t *testing.T) {
 	}
 
 	// A done key: refused without force, deleted with it.
-	if err := s.Confirm(ctx, "stripe", "evt_done", "fp", time.Hour); err != nil {
+	if err := s.confirm(ctx, "stripe", "evt_done", "fp", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	e, err = s.ForceRelease(ctx, "stripe", "evt_done", false)
-	if !errors.Is(err, ErrNotProcessing) || e.Value.State != Confirmed || !exists("evt_done") {
+	if !errors.Is(err, ErrNotProcessing) || e.State != Done || !exists("evt_done") {
 		t.Fatalf("release of a done key without force = %+v, %v; want refused, key kept", e, err)
 	}
 	if _, err := s.ForceRelease(ctx, "stripe", "evt_done", true); err != nil || exists("evt_done") {
@@ -98,32 +98,32 @@ func TestMarkDone(t *testing.T) {
 	if err := s.MarkDone(ctx, "resend", "msg_1", 30*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	r, err := s.Claim(ctx, "resend", "msg_1", "")
+	r, err := tryClaim(s, ctx, "resend", "msg_1", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Status != Done || r.TTL < 29*time.Hour {
+	if r.Found.State != Done || r.Found.TTL < 29*time.Hour {
 		t.Errorf("claim after MarkDone = %+v, want done with the dedupe TTL", r)
 	}
 
 	// Over a live claim: the fingerprint is kept, and the holder's release
 	// afterwards leaves the done marker alone.
-	held, err := s.Claim(ctx, "resend", "msg_2", "fp2")
+	held, err := tryClaim(s, ctx, "resend", "msg_2", "fp2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.MarkDone(ctx, "resend", "msg_2", 30*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if released, err := s.Release(ctx, "resend", "msg_2", held.Token); err != nil || released {
+	if released, _, err := s.release(ctx, "resend", "msg_2", held.Token, time.Hour); err != nil || released {
 		t.Fatalf("holder's release after MarkDone = %v, %v; want false, nil", released, err)
 	}
 	e, err := s.Inspect(ctx, "resend", "msg_2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Value.State != Confirmed || e.Value.Fingerprint != "fp2" {
-		t.Errorf("after MarkDone over a claim: %+v, want done with fingerprint fp2", e.Value)
+	if e.State != Done || e.Fingerprint != "fp2" {
+		t.Errorf("after MarkDone over a claim: %+v, want done with fingerprint fp2", e)
 	}
 }
 
@@ -135,26 +135,26 @@ func TestStuck(t *testing.T) {
 	// test prefix still covers these keys.
 	s := NewStore(rdb, StoreConfig{Prefix: base.prefix + "[a]", Timeout: time.Second, ProcessingTTL: 2 * time.Minute})
 	now := time.Now()
-	put := func(st *Store, provider, id string, v Value) {
+	put := func(st *Store, provider, id string, v Entry) {
 		t.Helper()
-		if err := rdb.Set(ctx, st.Key(provider, id), v.String(), time.Hour).Err(); err != nil {
+		if err := rdb.Set(ctx, st.Key(provider, id), v.value(), time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	put(s, "stripe", "evt_old", Value{State: Processing, Owner: "o1", At: now.Add(-10 * time.Minute)})
-	put(s, "resend", "msg_older", Value{State: Processing, Owner: "o2", At: now.Add(-20 * time.Minute)})
-	put(s, "stripe", "evt_young", Value{State: Processing, Owner: "o3", At: now.Add(-30 * time.Second)})
-	put(s, "stripe", "evt_done", Value{State: Confirmed, At: now.Add(-time.Hour)})
+	put(s, "stripe", "evt_old", Entry{State: Processing, Owner: "o1", At: now.Add(-10 * time.Minute)})
+	put(s, "resend", "msg_older", Entry{State: Processing, Owner: "o2", At: now.Add(-20 * time.Minute)})
+	put(s, "stripe", "evt_young", Entry{State: Processing, Owner: "o3", At: now.Add(-30 * time.Second)})
+	put(s, "stripe", "evt_done", Entry{State: Done, At: now.Add(-time.Hour)})
 	rdb.Set(ctx, s.Key("stripe", "evt_garbage"), "garbage", time.Hour)
 	rdb.HSet(ctx, s.Key("stripe", "evt_hash"), "f", "v")
 	// Same text without the glob escape ("[a]" as a class matches "a"), and
 	// a sibling prefix: neither is under s's prefix.
-	put(NewStore(rdb, StoreConfig{Prefix: base.prefix + "a"}), "stripe", "evt_other", Value{State: Processing, Owner: "x", At: now.Add(-time.Hour)})
-	put(NewStore(rdb, StoreConfig{Prefix: base.prefix + "[a]x"}), "stripe", "evt_other", Value{State: Processing, Owner: "x", At: now.Add(-time.Hour)})
+	put(NewStore(rdb, StoreConfig{Prefix: base.prefix + "a"}), "stripe", "evt_other", Entry{State: Processing, Owner: "x", At: now.Add(-time.Hour)})
+	put(NewStore(rdb, StoreConfig{Prefix: base.prefix + "[a]x"}), "stripe", "evt_other", Entry{State: Processing, Owner: "x", At: now.Add(-time.Hour)})
 	// Enough keys that the walk takes several SCAN calls.
 	pipe := rdb.Pipeline()
 	for i := range 1200 {
-		pipe.Set(ctx, s.Key("stripe", fmt.Sprintf("evt_fresh_%d", i)), Value{State: Processing, Owner: "f", At: now}.String(), time.Hour)
+		pipe.Set(ctx, s.Key("stripe", fmt.Sprintf("evt_fresh_%d", i)), Entry{State: Processing, Owner: "f", At: now}.value(), time.Hour)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestStuck(t *testing.T) {
 	type row struct{ Provider, EventID, Owner string }
 	var rows []row
 	for _, e := range got {
-		rows = append(rows, row{e.Provider, e.EventID, e.Value.Owner})
+		rows = append(rows, row{e.Provider, e.EventID, e.Owner})
 		if e.TTL <= 0 || e.Key != s.Key(e.Provider, e.EventID) {
 			t.Errorf("entry %+v: want its key and a TTL", e)
 		}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,59 +24,66 @@ type Provider struct {
 	FailClosed bool
 }
 
-// Delivery is one verified, parsed webhook delivery, ready for the claim.
-type Delivery struct {
-	EventID   string
-	EventType string
-	// Body is the raw, verified request body; its fingerprint is stored with
-	// the claim to spot an event id reused with another body.
-	Body []byte
+// Event is one verified, decoded event, ready for the claim.
+type Event struct {
+	ID   string
+	Type string
 	// Apply commits the event's effect. It must be idempotent in its store:
-	// with Redis down it may run more than once for one event.
+	// with Redis down it may run more than once for one event. A nil Apply
+	// marks an event this service has no use for: it is answered as
+	// ignored, without a claim.
 	Apply func(ctx context.Context) error
 }
 
-// Result is what became of a delivery.
-type Result string
+// Outcome is what became of a delivery, spelled as the
+// webhook_deliveries_total outcome label.
+type Outcome string
 
-// Results, named as the webhook_deliveries_total outcome label.
 const (
-	Processed   Result = "processed"
-	Duplicate   Result = "duplicate"
-	Progressing Result = "in_progress"
-	Failed      Result = "failed"
-	Unavailable Result = "unavailable" // fail-closed provider, Redis down
-	Rejected    Result = "rejected"
-	Ignored     Result = "ignored"
+	Processed   Outcome = "processed"
+	Duplicate   Outcome = "duplicate"
+	InProgress  Outcome = "in_progress" // another attempt holds a Processing claim
+	Failed      Outcome = "failed"
+	Unavailable Outcome = "unavailable" // fail-closed provider, Redis down
+	Rejected    Outcome = "rejected"
+	Ignored     Outcome = "ignored"
 )
 
-// Degraded reasons, named as the webhook_claim_degraded_total reason label.
+var outcomes = []Outcome{Processed, Duplicate, InProgress, Failed, Unavailable, Rejected, Ignored}
+
+// Degraded reasons, spelled as the webhook_claim_degraded_total reason label.
 const (
-	ReasonNoRedis    = "no_redis"
-	ReasonRedisError = "redis_error"
+	reasonNoRedis    = "no_redis"
+	reasonRedisError = "redis_error"
 )
 
-// Outcome is the flow's verdict on one delivery; respond turns it into the
-// HTTP answer.
-type Outcome struct {
-	Result Result
-	// Degraded is the reason the delivery ran without the claim's
-	// protection, or "" when the claim worked.
-	Degraded string
-	// RetryAfter is how long the provider should wait (in progress,
-	// unavailable).
-	RetryAfter time.Duration
-	// Mismatch: the event id was seen before with a different body.
-	Mismatch bool
-	Err      error
+// verdict is the flow's judgement of one delivery; respond turns it into
+// the HTTP answer and record into a log line and metrics.
+type verdict struct {
+	outcome Outcome
+	// degraded is the reason the delivery ran without the claim's
+	// protection ("" when the claim worked); redisErr is what Redis said.
+	degraded string
+	redisErr error
+	// retryAfter is how long the provider should wait (InProgress,
+	// Unavailable).
+	retryAfter time.Duration
+	// mismatch: the event id was seen before with a different body.
+	mismatch bool
+	// err is why the handler failed, or why the delivery was rejected.
+	err error
 }
 
-// FlowConfig configures a Flow.
+// FlowConfig configures a Flow. A nil Logger discards; a nil Registerer
+// leaves the metrics unregistered.
 type FlowConfig struct {
 	// HandlerTimeout is the hard deadline on one delivery's Apply.
 	HandlerTimeout time.Duration
-	Logger         *slog.Logger
-	Registerer     prometheus.Registerer
+	// PoisonAfter is the number of failed attempts of one event after which
+	// it is logged as poison and counted; 0 turns that off.
+	PoisonAfter int
+	Logger      *slog.Logger
+	Registerer  prometheus.Registerer
 }
 
 // Flow runs deliveries through claim, apply, confirm or release. It is the
@@ -85,16 +91,22 @@ type FlowConfig struct {
 type Flow struct {
 	store          *Store
 	handlerTimeout time.Duration
+	poisonAfter    int64
 	logger         *slog.Logger
 	metrics        *metrics
 }
 
 // NewFlow returns a Flow on store.
 func NewFlow(store *Store, cfg FlowConfig) *Flow {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	return &Flow{
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
-		logger:         cfg.Logger,
+		poisonAfter:    int64(cfg.PoisonAfter),
+		logger:         logger,
 		metrics:        newMetrics(cfg.Registerer),
 	}
 }
@@ -105,149 +117,167 @@ func (f *Flow) Endpoint(p Provider) *Endpoint {
 	return &Endpoint{flow: f, provider: p}
 }
 
-// Run takes d through the claim. It never answers Processed or Duplicate
+// Endpoint is the flow bound to one provider: its Handler answers the
+// provider's deliveries.
+type Endpoint struct {
+	flow     *Flow
+	provider Provider
+}
+
+// Process runs an event that did not arrive over HTTP (stripe replay)
+// through the same claim, keys and effect as a delivery of it. body, when
+// not nil, is fingerprinted as a delivery's would be.
+func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Outcome, error) {
+	start := time.Now()
+	v := verdict{outcome: Ignored}
+	if ev.Apply != nil {
+		v = e.flow.run(ctx, e.provider, body, ev)
+	}
+	e.record(ctx, ev, v, start)
+	return v.outcome, v.err
+}
+
+// run takes ev through the claim. It never answers Processed or Duplicate
 // unless the effect is committed, by this call or an earlier one.
-func (f *Flow) Run(ctx context.Context, p Provider, d Delivery) Outcome {
-	fp := fingerprint(d.Body)
-	reply, err := f.store.Claim(ctx, p.Name, d.EventID, fp)
+func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdict {
+	fp := fingerprint(body)
+	token, found, err := f.store.claim(ctx, p.Name, ev.ID, fp)
 	if err != nil {
-		reason := ReasonRedisError
+		reason := reasonRedisError
 		if errors.Is(err, ErrNoRedis) {
-			reason = ReasonNoRedis
+			reason = reasonNoRedis
 		}
 		f.metrics.degraded.WithLabelValues(p.Name, reason).Inc()
 		if p.FailClosed {
-			return Outcome{Result: Unavailable, Degraded: reason, RetryAfter: unavailableRetry, Err: err}
+			return verdict{outcome: Unavailable, degraded: reason, redisErr: err, retryAfter: unavailableRetry}
 		}
 		// Fail open: dropping a real event is worse than applying one twice,
 		// and the stores make a second application harmless.
-		o := f.apply(ctx, p, d)
-		o.Degraded = reason
-		if o.Err == nil {
-			o.Err = err // keep the Redis error for the log line
-		}
-		return o
+		v := f.apply(ctx, p, ev)
+		v.degraded, v.redisErr = reason, err
+		return v
 	}
-	switch reply.Status {
-	case Done:
-		if reply.Existing.Fingerprint != "" && reply.Existing.Fingerprint != fp {
-			f.metrics.mismatch.WithLabelValues(p.Name).Inc()
-			return Outcome{Result: Duplicate, Mismatch: true}
+	if token == "" {
+		mismatch := found.Fingerprint != "" && fp != "" && found.Fingerprint != fp
+		if found.State == Done {
+			if mismatch {
+				f.metrics.mismatch.WithLabelValues(p.Name).Inc()
+			}
+			return verdict{outcome: Duplicate, mismatch: mismatch}
 		}
-		return Outcome{Result: Duplicate}
-	case InProgress:
-		return Outcome{Result: Progressing, RetryAfter: reply.TTL, Mismatch: reply.Existing.Fingerprint != "" && reply.Existing.Fingerprint != fp}
+		// Processing, or a value that is not a claim: treating the latter as
+		// in progress makes the provider retry until it expires, which is
+		// slower but never drops the event.
+		if found.State == Processing {
+			f.metrics.claimAge.WithLabelValues(p.Name).Observe(time.Since(found.At).Seconds())
+		}
+		return verdict{outcome: InProgress, retryAfter: found.TTL, mismatch: mismatch}
 	}
 
-	o := f.apply(ctx, p, d)
+	v := f.apply(ctx, p, ev)
 	// Neither confirm nor release may be cut short by the provider hanging
 	// up: both run on a context detached from the request's cancellation.
 	bg := context.WithoutCancel(ctx)
-	if o.Err != nil {
-		if _, err := f.store.Release(bg, p.Name, d.EventID, reply.Token); err != nil {
+	if v.err != nil {
+		_, failures, err := f.store.release(bg, p.Name, ev.ID, token, p.DedupeTTL)
+		if err != nil {
 			// The claim stays until its TTL ends; retries get 409 until then.
-			o.Err = errors.Join(o.Err, err)
+			v.err = errors.Join(v.err, err)
 		}
-		return o
+		if f.poisonAfter > 0 && failures == f.poisonAfter {
+			f.metrics.poison.WithLabelValues(p.Name).Inc()
+			f.logger.Error("poison event: failed every attempt so far",
+				"provider", p.Name, "event_id", ev.ID, "event_type", ev.Type,
+				"attempts", failures, "err", v.err.Error())
+		}
+		return v
 	}
-	if err := f.store.Confirm(bg, p.Name, d.EventID, fp, p.DedupeTTL); err != nil {
+	if err := f.store.confirm(bg, p.Name, ev.ID, fp, p.DedupeTTL); err != nil {
 		// The effect is committed, so the answer stays 200. The processing
 		// claim expires on its own; a retry after that re-applies harmlessly.
 		f.metrics.confirmFailures.WithLabelValues(p.Name).Inc()
-		f.logger.Warn("confirm failed", "provider", p.Name, "event_id", d.EventID, "err", err)
+		f.logger.Warn("confirm failed", "provider", p.Name, "event_id", ev.ID, "err", err)
 	}
-	return o
+	return v
 }
 
 // unavailableRetry is the Retry-After of a fail-closed refusal: long enough
 // not to hammer a Redis that is coming back, short enough to catch up fast.
 const unavailableRetry = 5 * time.Second
 
-// apply runs d.Apply under the handler deadline. The deadline hangs off a
+// apply runs ev.Apply under the handler deadline. The deadline hangs off a
 // context without the request's cancellation: a provider that gives up on
 // an attempt must not abort work that may be about to commit; its retry
 // meets the claim (409) until this attempt knows how it ended.
-func (f *Flow) apply(ctx context.Context, p Provider, d Delivery) (o Outcome) {
+func (f *Flow) apply(ctx context.Context, p Provider, ev Event) (v verdict) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.handlerTimeout)
 	defer cancel()
 	start := time.Now()
 	defer func() {
 		f.metrics.duration.WithLabelValues(p.Name).Observe(time.Since(start).Seconds())
 		if r := recover(); r != nil {
-			o = Outcome{Result: Failed, Err: fmt.Errorf("handler panic: %v", r)}
+			v = verdict{outcome: Failed, err: fmt.Errorf("handler panic: %v", r)}
 		}
 	}()
-	if err := d.Apply(ctx); err != nil {
+	if err := ev.Apply(ctx); err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("handler deadline %s: %w", f.handlerTimeout, err)
 		}
-		return Outcome{Result: Failed, Err: err}
+		return verdict{outcome: Failed, err: err}
 	}
-	return Outcome{Result: Processed}
+	return verdict{outcome: Processed}
 }
 
+// fingerprint identifies a body, stored with the claim to spot an event id
+// reused with another body; "" for no body.
 func fingerprint(body []byte) string {
+	if body == nil {
+		return ""
+	}
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:16])
 }
 
-// Endpoint is the flow bound to one provider: what a webhook handler calls
-// to answer a delivery.
-type Endpoint struct {
-	flow     *Flow
-	provider Provider
-}
-
-// Serve runs d through the flow and writes the answer.
-func (e *Endpoint) Serve(w http.ResponseWriter, r *http.Request, d Delivery) {
-	start := time.Now()
-	o := e.flow.Run(r.Context(), e.provider, d)
-	respond(w, o)
-	e.record(r, d.EventID, d.EventType, o, start)
-}
-
-// Ignore answers an event this service has no use for, without a claim.
-func (e *Endpoint) Ignore(w http.ResponseWriter, r *http.Request, eventID, eventType string) {
-	start := time.Now()
-	o := Outcome{Result: Ignored}
-	respond(w, o)
-	e.record(r, eventID, eventType, o, start)
-}
-
-// Reject answers a delivery that failed verification or parsing, or whose
-// body was too large: no claim, no effect.
-func (e *Endpoint) Reject(w http.ResponseWriter, r *http.Request, err error) {
-	start := time.Now()
-	o := Outcome{Result: Rejected, Err: err}
-	respond(w, o)
-	e.record(r, "", "", o, start)
-}
-
-func (e *Endpoint) record(r *http.Request, eventID, eventType string, o Outcome, start time.Time) {
-	e.flow.metrics.deliveries.WithLabelValues(e.provider.Name, string(o.Result)).Inc()
+// record counts and logs one answered delivery.
+func (e *Endpoint) record(ctx context.Context, ev Event, v verdict, start time.Time) {
+	m, name := e.flow.metrics, e.provider.Name
+	if v.outcome == Rejected {
+		reason := rejection(v.err)
+		m.rejections.WithLabelValues(name, reason).Inc()
+		// The deliveries counter keeps "rejected" for verification failures,
+		// which is what the signatures-refused alert watches.
+		if reason == reasonSignature || reason == reasonTimestamp {
+			m.deliveries.WithLabelValues(name, string(Rejected)).Inc()
+		}
+	} else {
+		m.deliveries.WithLabelValues(name, string(v.outcome)).Inc()
+	}
 	level := slog.LevelInfo
 	switch {
-	case o.Result == Failed || o.Result == Unavailable:
+	case v.outcome == Failed || v.outcome == Unavailable:
 		level = slog.LevelError
-	case o.Degraded != "" || o.Mismatch || o.Result == Rejected:
+	case v.degraded != "" || v.mismatch || v.outcome == Rejected:
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.String("provider", e.provider.Name),
-		slog.String("event_id", eventID),
-		slog.String("event_type", eventType),
-		slog.String("outcome", string(o.Result)),
-		slog.Bool("degraded", o.Degraded != ""),
-		slog.Duration("duration", time.Since(start)),
+		slog.String("provider", name),
+		slog.String("event_id", ev.ID),
+		slog.String("event_type", ev.Type),
+		slog.String("outcome", string(v.outcome)),
+		slog.Bool("degraded", v.degraded != ""),
+		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 	}
-	if o.Degraded != "" {
-		attrs = append(attrs, slog.String("degraded_reason", o.Degraded))
+	if v.degraded != "" {
+		attrs = append(attrs, slog.String("degraded_reason", v.degraded), slog.String("redis_err", v.redisErr.Error()))
 	}
-	if o.Mismatch {
+	if v.mismatch {
 		attrs = append(attrs, slog.Bool("body_mismatch", true))
 	}
-	if o.Err != nil {
-		attrs = append(attrs, slog.String("err", o.Err.Error()))
+	if v.outcome == Rejected {
+		attrs = append(attrs, slog.String("reason", rejection(v.err)))
 	}
-	e.flow.logger.LogAttrs(r.Context(), level, "webhook delivery", attrs...)
+	if v.err != nil {
+		attrs = append(attrs, slog.String("err", v.err.Error()))
+	}
+	e.flow.logger.LogAttrs(ctx, level, "webhook delivery", attrs...)
 }

@@ -39,8 +39,17 @@ func (c *counter) apply(err error) func(context.Context) error {
 	}
 }
 
-func delivery(id string, apply func(context.Context) error) Delivery {
-	return Delivery{EventID: id, EventType: "test.event", Body: []byte(`{"id":"` + id + `"}`), Apply: apply}
+type delivery struct {
+	body []byte
+	ev   Event
+}
+
+func newDelivery(id string, apply func(context.Context) error) delivery {
+	return delivery{body: []byte(`{"id":"` + id + `"}`), ev: Event{ID: id, Type: "test.event", Apply: apply}}
+}
+
+func (f *Flow) runTest(ctx context.Context, p Provider, d delivery) verdict {
+	return f.run(ctx, p, d.body, d.ev)
 }
 
 func TestRunFirstThenDuplicate(t *testing.T) {
@@ -49,10 +58,10 @@ func TestRunFirstThenDuplicate(t *testing.T) {
 	f := newTestFlow(t, s, time.Second)
 	var c counter
 
-	if o := f.Run(t.Context(), stripe, delivery("evt_a", c.apply(nil))); o.Result != Processed || o.Degraded != "" {
+	if o := f.runTest(t.Context(), stripe, newDelivery("evt_a", c.apply(nil))); o.outcome != Processed || o.degraded != "" {
 		t.Fatalf("first run = %+v, want processed", o)
 	}
-	if o := f.Run(t.Context(), stripe, delivery("evt_a", c.apply(nil))); o.Result != Duplicate || o.Mismatch {
+	if o := f.runTest(t.Context(), stripe, newDelivery("evt_a", c.apply(nil))); o.outcome != Duplicate || o.mismatch {
 		t.Fatalf("second run = %+v, want duplicate", o)
 	}
 	if got := c.n.Load(); got != 1 {
@@ -67,10 +76,10 @@ func TestRunInProgressIsNotDuplicate(t *testing.T) {
 	s, _ := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 5*time.Second)
 	started, release := make(chan struct{}), make(chan struct{})
-	var first Outcome
+	var first verdict
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		first = f.Run(t.Context(), stripe, delivery("evt_b", func(context.Context) error {
+		first = f.runTest(t.Context(), stripe, newDelivery("evt_b", func(context.Context) error {
 			close(started)
 			<-release
 			return nil
@@ -78,17 +87,17 @@ func TestRunInProgressIsNotDuplicate(t *testing.T) {
 	})
 	<-started
 	var c counter
-	retry := f.Run(t.Context(), stripe, delivery("evt_b", c.apply(nil)))
+	retry := f.runTest(t.Context(), stripe, newDelivery("evt_b", c.apply(nil)))
 	close(release)
 	wg.Wait()
 
-	if retry.Result != Progressing || retry.RetryAfter <= 50*time.Second {
+	if retry.outcome != InProgress || retry.retryAfter <= 50*time.Second {
 		t.Errorf("retry during processing = %+v, want in progress with about a minute to wait", retry)
 	}
 	if c.n.Load() != 0 {
 		t.Error("the retry applied the event while the first attempt held the claim")
 	}
-	if first.Result != Processed {
+	if first.outcome != Processed {
 		t.Errorf("first attempt = %+v, want processed", first)
 	}
 }
@@ -100,14 +109,14 @@ func TestRunFailureReleasesForRetry(t *testing.T) {
 	f := newTestFlow(t, s, time.Second)
 	var c counter
 
-	o := f.Run(ctx, stripe, delivery("evt_c", c.apply(errors.New("postgres down"))))
-	if o.Result != Failed {
+	o := f.runTest(ctx, stripe, newDelivery("evt_c", c.apply(errors.New("postgres down"))))
+	if o.outcome != Failed {
 		t.Fatalf("failing run = %+v, want failed", o)
 	}
 	if n := rdb.Exists(ctx, s.Key("stripe", "evt_c")).Val(); n != 0 {
 		t.Fatal("claim still held after a caught failure")
 	}
-	if o := f.Run(ctx, stripe, delivery("evt_c", c.apply(nil))); o.Result != Processed {
+	if o := f.runTest(ctx, stripe, newDelivery("evt_c", c.apply(nil))); o.outcome != Processed {
 		t.Fatalf("retry = %+v, want processed", o)
 	}
 }
@@ -117,8 +126,8 @@ func TestRunPanicReleases(t *testing.T) {
 	ctx := t.Context()
 	s, rdb := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, time.Second)
-	o := f.Run(ctx, stripe, delivery("evt_p", func(context.Context) error { panic("boom") }))
-	if o.Result != Failed || o.Err == nil {
+	o := f.runTest(ctx, stripe, newDelivery("evt_p", func(context.Context) error { panic("boom") }))
+	if o.outcome != Failed || o.err == nil {
 		t.Fatalf("panicking run = %+v, want failed with an error", o)
 	}
 	if n := rdb.Exists(ctx, s.Key("stripe", "evt_p")).Val(); n != 0 {
@@ -132,11 +141,11 @@ func TestRunHandlerDeadline(t *testing.T) {
 	s, rdb := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 100*time.Millisecond)
 	start := time.Now()
-	o := f.Run(ctx, stripe, delivery("evt_d", func(ctx context.Context) error {
+	o := f.runTest(ctx, stripe, newDelivery("evt_d", func(ctx context.Context) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}))
-	if o.Result != Failed || !errors.Is(o.Err, context.DeadlineExceeded) {
+	if o.outcome != Failed || !errors.Is(o.err, context.DeadlineExceeded) {
 		t.Fatalf("stuck handler = %+v, want failed by the deadline", o)
 	}
 	if elapsed := time.Since(start); elapsed > 5*time.Second {
@@ -153,12 +162,12 @@ func TestRunSurvivesRequestCancellation(t *testing.T) {
 	s, _ := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 5*time.Second)
 	ctx, cancel := context.WithCancel(t.Context())
-	o := f.Run(ctx, stripe, delivery("evt_cancel", func(ctx context.Context) error {
+	o := f.runTest(ctx, stripe, newDelivery("evt_cancel", func(ctx context.Context) error {
 		cancel()
 		time.Sleep(20 * time.Millisecond)
 		return ctx.Err()
 	}))
-	if o.Result != Processed {
+	if o.outcome != Processed {
 		t.Fatalf("run whose request was cancelled = %+v, want processed", o)
 	}
 }
@@ -173,18 +182,18 @@ func TestRunConcurrentDuplicatesApplyOnce(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		return nil
 	}
-	results := make(chan Result, 20)
+	results := make(chan Outcome, 20)
 	var wg sync.WaitGroup
 	for range 20 {
-		wg.Go(func() { results <- f.Run(t.Context(), stripe, delivery("evt_e", apply)).Result })
+		wg.Go(func() { results <- f.runTest(t.Context(), stripe, newDelivery("evt_e", apply)).outcome })
 	}
 	wg.Wait()
 	close(results)
-	counts := map[Result]int{}
+	counts := map[Outcome]int{}
 	for r := range results {
 		counts[r]++
 	}
-	if c.n.Load() != 1 || counts[Processed] != 1 || counts[Progressing]+counts[Duplicate] != 19 {
+	if c.n.Load() != 1 || counts[Processed] != 1 || counts[InProgress]+counts[Duplicate] != 19 {
 		t.Errorf("20 concurrent deliveries: applied %d times, outcomes %v; want 1 applied, 1 processed, 19 in progress or duplicate", c.n.Load(), counts)
 	}
 }
@@ -196,11 +205,11 @@ func TestRunWithoutRedis(t *testing.T) {
 	t.Run("open", func(t *testing.T) {
 		f := newTestFlow(t, s, time.Second)
 		var c counter
-		o := f.Run(t.Context(), stripe, delivery("evt_f", c.apply(nil)))
-		if o.Result != Processed || o.Degraded != ReasonNoRedis || c.n.Load() != 1 {
+		o := f.runTest(t.Context(), stripe, newDelivery("evt_f", c.apply(nil)))
+		if o.outcome != Processed || o.degraded != reasonNoRedis || c.n.Load() != 1 {
 			t.Fatalf("fail-open run = %+v (applied %d), want processed, degraded no_redis", o, c.n.Load())
 		}
-		if got := testutil.ToFloat64(f.metrics.degraded.WithLabelValues("stripe", ReasonNoRedis)); got != 1 {
+		if got := testutil.ToFloat64(f.metrics.degraded.WithLabelValues("stripe", reasonNoRedis)); got != 1 {
 			t.Errorf("degraded metric = %v, want 1", got)
 		}
 	})
@@ -209,8 +218,8 @@ func TestRunWithoutRedis(t *testing.T) {
 		var c counter
 		closed := stripe
 		closed.FailClosed = true
-		o := f.Run(t.Context(), closed, delivery("evt_g", c.apply(nil)))
-		if o.Result != Unavailable || o.RetryAfter <= 0 || c.n.Load() != 0 {
+		o := f.runTest(t.Context(), closed, newDelivery("evt_g", c.apply(nil)))
+		if o.outcome != Unavailable || o.retryAfter <= 0 || c.n.Load() != 0 {
 			t.Fatalf("fail-closed run = %+v (applied %d), want unavailable with a Retry-After and nothing run", o, c.n.Load())
 		}
 	})
@@ -226,8 +235,8 @@ func TestRunRedisErrorFailsOpen(t *testing.T) {
 	broken.rdb = newClient(t, &closedClient)
 	f := newTestFlow(t, broken, time.Second)
 	var c counter
-	o := f.Run(t.Context(), stripe, delivery("evt_h", c.apply(nil)))
-	if o.Result != Processed || o.Degraded != ReasonRedisError || c.n.Load() != 1 {
+	o := f.runTest(t.Context(), stripe, newDelivery("evt_h", c.apply(nil)))
+	if o.outcome != Processed || o.degraded != reasonRedisError || c.n.Load() != 1 {
 		t.Fatalf("run with redis refusing = %+v (applied %d), want processed, degraded redis_error", o, c.n.Load())
 	}
 }
@@ -237,13 +246,13 @@ func TestRunBodyMismatch(t *testing.T) {
 	s, _ := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, time.Second)
 	var c counter
-	d := delivery("evt_m", c.apply(nil))
-	if o := f.Run(t.Context(), stripe, d); o.Result != Processed {
+	d := newDelivery("evt_m", c.apply(nil))
+	if o := f.runTest(t.Context(), stripe, d); o.outcome != Processed {
 		t.Fatalf("first = %+v", o)
 	}
-	d.Body = []byte(`{"id":"evt_m","forged":true}`)
-	o := f.Run(t.Context(), stripe, d)
-	if o.Result != Duplicate || !o.Mismatch || c.n.Load() != 1 {
+	d.body = []byte(`{"id":"evt_m","forged":true}`)
+	o := f.runTest(t.Context(), stripe, d)
+	if o.outcome != Duplicate || !o.mismatch || c.n.Load() != 1 {
 		t.Fatalf("same id, other body = %+v (applied %d), want a duplicate flagged as mismatch, nothing applied", o, c.n.Load())
 	}
 	if got := testutil.ToFloat64(f.metrics.mismatch.WithLabelValues("stripe")); got != 1 {
@@ -256,30 +265,30 @@ func TestRespond(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name       string
-		o          Outcome
+		v          verdict
 		status     int
 		idem       string
 		retryAfter string
 		body       string
 	}{
-		{"processed", Outcome{Result: Processed}, 200, "first", "", `{"received":true}`},
-		{"failed", Outcome{Result: Failed}, 500, "first", "", `{"error":"webhook processing failed"}`},
-		{"duplicate", Outcome{Result: Duplicate}, 200, "duplicate", "", `{"received":true,"skipped":true}`},
-		{"in progress", Outcome{Result: Progressing, RetryAfter: 90500 * time.Millisecond}, 409, "in-progress", "91", ""},
-		{"in progress, under a second", Outcome{Result: Progressing, RetryAfter: 10 * time.Millisecond}, 409, "in-progress", "1", ""},
-		{"degraded processed", Outcome{Result: Processed, Degraded: ReasonNoRedis}, 200, "degraded", "", `{"received":true}`},
-		{"degraded failed", Outcome{Result: Failed, Degraded: ReasonRedisError}, 500, "degraded", "", ""},
-		{"fail closed", Outcome{Result: Unavailable, Degraded: ReasonRedisError, RetryAfter: 5 * time.Second}, 503, "degraded", "5", ""},
-		{"ignored", Outcome{Result: Ignored}, 200, "", "", `{"received":true,"ignored":true}`},
-		{"rejected", Outcome{Result: Rejected, Err: errors.New("bad signature")}, 400, "", "", ""},
-		{"too large", Outcome{Result: Rejected, Err: &http.MaxBytesError{Limit: MaxBody}}, 413, "", "", ""},
-		{"not JSON", Outcome{Result: Rejected, Err: fmt.Errorf("read: %w", ErrNotJSON)}, 415, "", "", ""},
+		{"processed", verdict{outcome: Processed}, 200, "first", "", `{"received":true}`},
+		{"failed", verdict{outcome: Failed}, 500, "first", "", `{"error":"webhook processing failed"}`},
+		{"duplicate", verdict{outcome: Duplicate}, 200, "duplicate", "", `{"received":true,"skipped":true}`},
+		{"in progress", verdict{outcome: InProgress, retryAfter: 90500 * time.Millisecond}, 409, "in-progress", "91", ""},
+		{"in progress, under a second", verdict{outcome: InProgress, retryAfter: 10 * time.Millisecond}, 409, "in-progress", "1", ""},
+		{"degraded processed", verdict{outcome: Processed, degraded: reasonNoRedis}, 200, "degraded", "", `{"received":true}`},
+		{"degraded failed", verdict{outcome: Failed, degraded: reasonRedisError}, 500, "degraded", "", ""},
+		{"fail closed", verdict{outcome: Unavailable, degraded: reasonRedisError, retryAfter: 5 * time.Second}, 503, "degraded", "5", ""},
+		{"ignored", verdict{outcome: Ignored}, 200, "", "", `{"received":true,"ignored":true}`},
+		{"rejected", verdict{outcome: Rejected, err: errors.New("bad signature")}, 400, "", "", ""},
+		{"too large", verdict{outcome: Rejected, err: &http.MaxBytesError{Limit: MaxBody}}, 413, "", "", ""},
+		{"not JSON", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", ErrNotJSON)}, 415, "", "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			w := httptest.NewRecorder()
-			respond(w, tt.o)
+			respond(w, tt.v)
 			if w.Code != tt.status {
 				t.Errorf("status = %d, want %d", w.Code, tt.status)
 			}

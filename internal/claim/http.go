@@ -12,79 +12,163 @@ import (
 	"time"
 )
 
+// Decode verifies a delivery's raw body against its headers and decodes the
+// event. It runs before any claim: its error is a rejection (400, no claim,
+// no effect), and should wrap the sentinel that names why.
+type Decode func(h http.Header, body []byte) (Event, error)
+
+// Why a delivery is rejected before the claim, each spelled as its
+// webhook_rejections_total reason.
+var (
+	// ErrSignature: the signature is missing, malformed or wrong.
+	ErrSignature = errors.New("signature")
+	// ErrTimestamp: the signed timestamp is outside the tolerance.
+	ErrTimestamp = errors.New("timestamp")
+	// ErrMalformed: verified, but not an event this service can read, or
+	// one that lacks what its effect needs.
+	ErrMalformed = errors.New("malformed")
+	// ErrInvalidID: the event id is empty, longer than MaxIDLen bytes, or
+	// has bytes outside printable ASCII.
+	ErrInvalidID = errors.New("invalid_id")
+	// ErrNotJSON rejects a webhook whose Content-Type is not JSON (415).
+	// Both providers always send application/json.
+	ErrNotJSON = errors.New("media_type")
+)
+
+const (
+	reasonSignature    = "signature"
+	reasonTimestamp    = "timestamp"
+	reasonMalformed    = "malformed"
+	reasonInvalidID    = "invalid_id"
+	reasonMediaType    = "media_type"
+	reasonBodyTooLarge = "body_too_large"
+)
+
+var rejectionReasons = []string{reasonSignature, reasonTimestamp, reasonMalformed, reasonInvalidID, reasonMediaType, reasonBodyTooLarge}
+
+// rejection names why err rejected a delivery.
+func rejection(err error) string {
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return reasonBodyTooLarge
+	case errors.Is(err, ErrNotJSON):
+		return reasonMediaType
+	case errors.Is(err, ErrSignature):
+		return reasonSignature
+	case errors.Is(err, ErrTimestamp):
+		return reasonTimestamp
+	case errors.Is(err, ErrInvalidID):
+		return reasonInvalidID
+	}
+	return reasonMalformed
+}
+
 // MaxBody is the largest webhook body accepted; larger ones get 413.
 const MaxBody = 1 << 20
 
-// ReadBody reads the request body, capped at MaxBody. A body over the cap
-// returns an error that Reject answers with 413.
-func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	var buf bytes.Buffer
-	if err := readBody(w, r, &buf); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+// MaxIDLen bounds an event id, which becomes part of a Redis key.
+const MaxIDLen = 255
+
+// Handler answers the provider's webhook deliveries: it reads the capped
+// body, has decode verify and parse it, then claims, applies, confirms or
+// releases, and answers. This is the one intake every provider shares.
+func (e *Endpoint) Handler(decode Decode) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		b, err := readBody(w, r)
+		if err != nil {
+			e.answer(w, r, Event{}, verdict{outcome: Rejected, err: err}, start)
+			return
+		}
+		// The buffer is reused once this delivery is answered: decode must
+		// copy what it keeps, and the flow only fingerprints the bytes.
+		defer b.recycle()
+		ev, err := decode(r.Header, b.buf.Bytes())
+		if err == nil {
+			err = checkID(ev.ID)
+		}
+		var v verdict
+		switch {
+		case err != nil:
+			v = verdict{outcome: Rejected, err: err}
+		case ev.Apply == nil:
+			v = verdict{outcome: Ignored}
+		default:
+			v = e.flow.run(r.Context(), e.provider, b.buf.Bytes(), ev)
+		}
+		e.answer(w, r, ev, v, start)
+	})
 }
 
-// Body is a request body read by ReadPooledBody into a buffer that is
-// reused once released. A webhook body lives only as long as its request,
-// so reusing the buffer saves every delivery an allocation the size of its
-// body (3 KiB for a Stripe event, a third of all it allocates), and the
-// garbage collection that goes with it.
-type Body struct {
+func (e *Endpoint) answer(w http.ResponseWriter, r *http.Request, ev Event, v verdict, start time.Time) {
+	respond(w, v)
+	e.record(r.Context(), ev, v, start)
+}
+
+// checkID refuses an id that would make an absurd Redis key, or one that
+// fails every attempt further on (a NUL in it, say): a poison event by
+// construction.
+func checkID(id string) error {
+	if id == "" || len(id) > MaxIDLen {
+		return ErrInvalidID
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return ErrInvalidID
+		}
+	}
+	return nil
+}
+
+// body is a request body read into a buffer that is reused once recycled.
+// A webhook body lives only as long as its request, so reusing the buffer
+// saves every delivery an allocation the size of its body (3 KiB for a
+// Stripe event, a third of all it allocates) and the collection after it.
+type body struct {
 	buf bytes.Buffer
 }
 
-// maxPresize bounds the buffer allocated from Content-Length alone.
-const maxPresize = 64 << 10
+// maxPresize bounds the buffer allocated from Content-Length alone, and
+// maxPooledBody the largest buffer kept for reuse: one that a rare big body
+// grew is left to the garbage collector rather than pinned.
+const (
+	maxPresize    = 64 << 10
+	maxPooledBody = 64 << 10
+)
 
-// maxPooledBody is the largest buffer kept for reuse: one that a rare big
-// body grew is left to the garbage collector rather than pinned.
-const maxPooledBody = 64 << 10
+// bodyPool is the one piece of package state besides sentinels: a
+// sync.Pool is safe for concurrent use and holds nothing that outlives a
+// request.
+var bodyPool = sync.Pool{New: func() any { return new(body) }}
 
-var bodyPool = sync.Pool{New: func() any { return new(Body) }}
-
-// ReadPooledBody is ReadBody into a pooled buffer. The caller must call
-// Release exactly once, when nothing uses the bytes any more (after the
-// delivery is answered), and must keep nothing that aliases them.
-func ReadPooledBody(w http.ResponseWriter, r *http.Request) (*Body, error) {
-	b := bodyPool.Get().(*Body)
-	if err := readBody(w, r, &b.buf); err != nil {
-		b.Release()
+func readBody(w http.ResponseWriter, r *http.Request) (*body, error) {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		return nil, ErrNotJSON
+	}
+	b := bodyPool.Get().(*body)
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+	// Trust Content-Length for a presize only up to a typical event's size:
+	// an unauthenticated client claiming 1 MiB must not make us allocate it
+	// before sending a byte.
+	if n := r.ContentLength; n > 0 && n <= maxPresize {
+		b.buf.Grow(int(n) + bytes.MinRead)
+	}
+	if _, err := b.buf.ReadFrom(r.Body); err != nil {
+		b.recycle()
 		return nil, err
 	}
 	return b, nil
 }
 
-// Bytes returns the body; they are valid until Release.
-func (b *Body) Bytes() []byte { return b.buf.Bytes() }
-
-// Release hands the buffer back for reuse.
-func (b *Body) Release() {
+// recycle hands the buffer back for reuse; nothing may use its bytes after.
+func (b *body) recycle() {
 	if b.buf.Cap() > maxPooledBody {
 		return
 	}
 	b.buf.Reset()
 	bodyPool.Put(b)
 }
-
-func readBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) error {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		return ErrNotJSON
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
-	// Trust Content-Length for a presize only up to a typical event's size:
-	// an unauthenticated client claiming 1 MiB must not make us allocate it
-	// before sending a byte.
-	if n := r.ContentLength; n > 0 && n <= maxPresize {
-		buf.Grow(int(n) + bytes.MinRead)
-	}
-	_, err := buf.ReadFrom(r.Body)
-	return err
-}
-
-// ErrNotJSON rejects a webhook whose Content-Type is not JSON (415). Both
-// providers always send application/json; anything else is not theirs.
-var ErrNotJSON = errors.New("content type is not application/json")
 
 func isJSON(contentType string) bool {
 	// The providers' exact values first: no allocation on the hot path.
@@ -95,13 +179,15 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
-// Idempotency header values.
+// HeaderIdempotency says which claim case a webhook answer came from.
+const HeaderIdempotency = "Webhook-Idempotency"
+
+// Its values, as the contract spells them on the wire.
 const (
-	HeaderIdempotency = "Webhook-Idempotency"
-	idemFirst         = "first"
-	idemDuplicate     = "duplicate"
-	idemInProgress    = "in-progress"
-	idemDegraded      = "degraded"
+	idemFirst      = "first"
+	idemDuplicate  = "duplicate"
+	idemInProgress = "in-progress"
+	idemDegraded   = "degraded"
 )
 
 var (
@@ -116,14 +202,14 @@ var (
 	bodyMediaType  = []byte(`{"error":"content type must be application/json"}`)
 )
 
-// respond is the one place an Outcome becomes a status code, headers and a
-// JSON body (the table in DESIGN.md).
-func respond(w http.ResponseWriter, o Outcome) {
+// respond is the one place a verdict becomes a status code, headers and a
+// JSON body (the table in docs/DESIGN.md).
+func respond(w http.ResponseWriter, v verdict) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	var status int
 	var body []byte
-	switch o.Result {
+	switch v.outcome {
 	case Processed:
 		status, body = http.StatusOK, bodyReceived
 		h.Set(HeaderIdempotency, idemFirst)
@@ -133,29 +219,28 @@ func respond(w http.ResponseWriter, o Outcome) {
 	case Duplicate:
 		status, body = http.StatusOK, bodySkipped
 		h.Set(HeaderIdempotency, idemDuplicate)
-	case Progressing:
+	case InProgress:
 		status, body = http.StatusConflict, bodyInProgress
 		h.Set(HeaderIdempotency, idemInProgress)
-		h.Set("Retry-After", retryAfter(o.RetryAfter))
+		h.Set("Retry-After", retryAfter(v.retryAfter))
 	case Unavailable:
 		status, body = http.StatusServiceUnavailable, bodyUnavail
 		h.Set(HeaderIdempotency, idemDegraded)
-		h.Set("Retry-After", retryAfter(o.RetryAfter))
+		h.Set("Retry-After", retryAfter(v.retryAfter))
 	case Ignored:
 		status, body = http.StatusOK, bodyIgnored
 	case Rejected:
 		status, body = http.StatusBadRequest, bodyInvalid
-		var tooLarge *http.MaxBytesError
-		switch {
-		case errors.As(o.Err, &tooLarge):
+		switch rejection(v.err) {
+		case reasonBodyTooLarge:
 			status, body = http.StatusRequestEntityTooLarge, bodyTooLarge
-		case errors.Is(o.Err, ErrNotJSON):
+		case reasonMediaType:
 			status, body = http.StatusUnsupportedMediaType, bodyMediaType
 		}
 	default:
 		status, body = http.StatusInternalServerError, bodyFailed
 	}
-	if o.Degraded != "" {
+	if v.degraded != "" {
 		h.Set(HeaderIdempotency, idemDegraded)
 	}
 	w.WriteHeader(status)

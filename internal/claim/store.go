@@ -1,6 +1,10 @@
 // Package claim turns at-least-once webhook delivery into effects applied
 // once: a delivery claims its event id in Redis, runs its handler, then
 // confirms (the id is done) or releases (the id is free for the retry).
+//
+// A claim key is in one of three states: absent (no key), Processing (a
+// delivery holds it, for the processing TTL) or Done (the effect is
+// committed, for the provider's dedupe TTL). docs/DESIGN.md says why.
 package claim
 
 import (
@@ -19,39 +23,36 @@ import (
 // ErrNoRedis is returned by every Store method when no Redis is configured.
 var ErrNoRedis = errors.New("no redis configured")
 
-// Status is what a claim attempt found.
-type Status int
+// State is what a claim key holds. An absent key has no State.
+type State string
 
 const (
-	// Claimed: the key was absent and now holds this caller's processing claim.
-	Claimed Status = iota + 1
-	// InProgress: another attempt holds a processing claim (or crashed holding it).
-	InProgress
-	// Done: an earlier delivery confirmed the event.
-	Done
+	Processing State = "processing"
+	Done       State = "done"
 )
 
-func (s Status) String() string {
-	switch s {
-	case Claimed:
-		return "claimed"
-	case InProgress:
-		return "in-progress"
-	case Done:
-		return "done"
-	}
-	return "unknown"
-}
+// Entry is one claim key as read from Redis. Its value is
+//
+//	processing|{owner token}|{claimed at, unix ms}|{body fingerprint}
+//	done|{confirmed at, unix ms}|{body fingerprint}
+//
+// and State is empty when Raw is neither (a foreign or corrupted key).
+type Entry struct {
+	Key      string
+	Provider string
+	EventID  string
 
-// Reply is the answer to a claim attempt.
-type Reply struct {
-	Status Status
-	// Token identifies this caller's claim (Claimed only); Release needs it.
-	Token string
-	// TTL is the time left on the existing key (InProgress and Done).
+	State       State
+	Owner       string // Processing only
+	At          time.Time
+	Fingerprint string
+	Raw         string
+	// TTL is the time left before the key expires; negative when it has no
+	// expiry (nothing this service writes).
 	TTL time.Duration
-	// Existing is the value found under the key (InProgress and Done).
-	Existing Value
+	// Failures counts the releases of this event's claims after a caught
+	// failure, within the dedupe TTL (read by the operator tools only).
+	Failures int64
 }
 
 // Store keeps claims in Redis under {prefix}:{provider}:{event id}. Every
@@ -86,14 +87,20 @@ func (s *Store) Key(provider, eventID string) string {
 	return s.prefix + ":" + provider + ":" + eventID
 }
 
-// claimScript takes the claim or reports what holds the key, in one round
-// trip: SET NX, else the existing value and its remaining TTL.
-var claimScript = redis.NewScript(`
+// failuresKey counts an event's failed attempts, beside its claim key.
+func failuresKey(key string) string { return key + ":failures" }
+
+// ClaimLua is the claim script's source; tools/bench runs it under
+// redis-benchmark. It takes the claim or reports what holds the key, in one
+// round trip: SET NX, else the existing value and its remaining TTL.
+const ClaimLua = `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
 end
 return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
-`)
+`
+
+var claimScript = redis.NewScript(ClaimLua)
 
 // releaseScript deletes the key only while it still holds the caller's own
 // processing claim: a claim that expired and was taken by another delivery,
@@ -106,82 +113,80 @@ end
 return 0
 `)
 
-// Claim tries to move the key from absent to processing. fingerprint
+// claim tries to move the key from absent to Processing. fingerprint
 // identifies the delivery's body, so a reused id with another body shows.
-func (s *Store) Claim(ctx context.Context, provider, eventID, fingerprint string) (Reply, error) {
+// It returns the owner token when it took the claim; otherwise the entry
+// that holds the key (State Processing or Done, or empty when unreadable).
+func (s *Store) claim(ctx context.Context, provider, eventID, fingerprint string) (token string, found Entry, err error) {
 	if s.rdb == nil {
-		return Reply{}, ErrNoRedis
+		return "", Entry{}, ErrNoRedis
 	}
-	token, err := newToken()
+	token, err = newToken()
 	if err != nil {
-		return Reply{}, err
+		return "", Entry{}, err
 	}
-	now := time.Now()
-	v := Value{State: Processing, Owner: token, At: now, Fingerprint: fingerprint}
+	e := Entry{State: Processing, Owner: token, At: time.Now(), Fingerprint: fingerprint}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	key := s.Key(provider, eventID)
-	res, err := claimScript.Run(ctx, s.rdb, []string{key}, v.String(), s.processingTTL.Milliseconds()).Slice()
+	res, err := claimScript.Run(ctx, s.rdb, []string{key}, e.value(), s.processingTTL.Milliseconds()).Slice()
 	if err != nil {
-		return Reply{}, fmt.Errorf("claim %s: %w", key, err)
+		return "", Entry{}, fmt.Errorf("claim %s: %w", key, err)
 	}
 	if len(res) == 1 {
-		return Reply{Status: Claimed, Token: token}, nil
+		return token, Entry{}, nil
 	}
-	return existingReply(res)
-}
-
-func existingReply(res []any) (Reply, error) {
 	if len(res) != 3 {
-		return Reply{}, fmt.Errorf("claim script: unexpected reply %v", res)
+		return "", Entry{}, fmt.Errorf("claim %s: unexpected reply %v", key, res)
 	}
 	raw, _ := res[1].(string)
 	pttl, _ := res[2].(int64)
-	existing, err := ParseValue(raw)
-	if err != nil {
-		// An unreadable value is someone else's key or a corrupted one.
-		// Treating it as in progress makes the provider retry until it
-		// expires, which is slower but never drops the event.
-		return Reply{Status: InProgress, TTL: time.Duration(max(pttl, 0)) * time.Millisecond}, nil
-	}
-	r := Reply{Status: InProgress, Existing: existing, TTL: time.Duration(max(pttl, 0)) * time.Millisecond}
-	if existing.State == Confirmed {
-		r.Status = Done
-	}
-	return r, nil
+	return "", newEntry(key, provider, eventID, raw, time.Duration(max(pttl, 0))*time.Millisecond), nil
 }
 
-// Confirm marks the event done for ttl. It is a plain SET, not NX, so it
+// confirm marks the event Done for ttl. It is a plain SET, not NX, so it
 // lands whatever the key holds: the effect is committed, and a done marker
 // is the truth even if our processing claim expired meanwhile.
-func (s *Store) Confirm(ctx context.Context, provider, eventID, fingerprint string, ttl time.Duration) error {
+func (s *Store) confirm(ctx context.Context, provider, eventID, fingerprint string, ttl time.Duration) error {
 	if s.rdb == nil {
 		return ErrNoRedis
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	key := s.Key(provider, eventID)
-	v := Value{State: Confirmed, At: time.Now(), Fingerprint: fingerprint}
-	if err := s.rdb.Set(ctx, key, v.String(), ttl).Err(); err != nil {
+	e := Entry{State: Done, At: time.Now(), Fingerprint: fingerprint}
+	if err := s.rdb.Set(ctx, key, e.value(), ttl).Err(); err != nil {
 		return fmt.Errorf("confirm %s: %w", key, err)
 	}
 	return nil
 }
 
-// Release deletes the caller's own processing claim and reports whether it
-// did; any other value under the key is left as it is.
-func (s *Store) Release(ctx context.Context, provider, eventID, token string) (bool, error) {
+// release deletes the caller's own processing claim after a caught failure
+// and counts the failure beside it for failuresTTL, so that an event failing
+// every attempt shows. It reports whether it deleted the claim and the
+// event's failures so far. Both travel
+// in one pipelined round trip of single-key commands (Redis Cluster works),
+// and only on the failure path.
+func (s *Store) release(ctx context.Context, provider, eventID, token string, failuresTTL time.Duration) (released bool, failures int64, err error) {
 	if s.rdb == nil {
-		return false, ErrNoRedis
+		return false, 0, ErrNoRedis
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	key := s.Key(provider, eventID)
-	n, err := releaseScript.Run(ctx, s.rdb, []string{key}, ownerPrefix(token)).Int()
-	if err != nil {
-		return false, fmt.Errorf("release %s: %w", key, err)
+	pipe := s.rdb.Pipeline()
+	// Eval, not Run: a pipeline cannot fall back from EVALSHA on NOSCRIPT.
+	del := releaseScript.Eval(ctx, pipe, []string{key}, ownerPrefix(token))
+	incr := pipe.Incr(ctx, failuresKey(key))
+	pipe.PExpire(ctx, failuresKey(key), failuresTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, 0, fmt.Errorf("release %s: %w", key, err)
 	}
-	return n == 1, nil
+	n, err := del.Int()
+	if err != nil {
+		return false, 0, fmt.Errorf("release %s: %w", key, err)
+	}
+	return n == 1, incr.Val(), nil
 }
 
 // Ping reports whether Redis answers within the timeout.
@@ -202,57 +207,44 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-// State is the kind of value stored under a claim key.
-type State string
-
-const (
-	Processing State = "processing"
-	Confirmed  State = "done"
-)
-
-// Value is what a claim key holds:
-//
-//	processing|{owner token}|{claimed at, unix ms}|{body fingerprint}
-//	done|{confirmed at, unix ms}|{body fingerprint}
-type Value struct {
-	State       State
-	Owner       string // processing only
-	At          time.Time
-	Fingerprint string
-}
-
-func (v Value) String() string {
-	ms := strconv.FormatInt(v.At.UnixMilli(), 10)
-	if v.State == Processing {
-		return string(Processing) + "|" + v.Owner + "|" + ms + "|" + v.Fingerprint
+// value is the entry as written to Redis.
+func (e Entry) value() string {
+	ms := strconv.FormatInt(e.At.UnixMilli(), 10)
+	if e.State == Processing {
+		return string(Processing) + "|" + e.Owner + "|" + ms + "|" + e.Fingerprint
 	}
-	return string(Confirmed) + "|" + ms + "|" + v.Fingerprint
+	return string(Done) + "|" + ms + "|" + e.Fingerprint
 }
 
 func ownerPrefix(token string) string {
 	return string(Processing) + "|" + token + "|"
 }
 
-// ParseValue reads a claim key's value back. Redis is shared state, so the
-// value is treated as untrusted input.
-func ParseValue(s string) (Value, error) {
+// newEntry reads a key's raw value back. Redis is shared state, so the value
+// is untrusted input: one that does not parse leaves State empty.
+func newEntry(key, provider, eventID, raw string, ttl time.Duration) Entry {
+	e := Entry{Key: key, Provider: provider, EventID: eventID, Raw: raw, TTL: ttl}
+	if err := e.parse(raw); err != nil {
+		e.State, e.Owner, e.Fingerprint = "", "", ""
+	}
+	return e
+}
+
+func (e *Entry) parse(s string) error {
 	parts := strings.Split(s, "|")
-	var v Value
 	var ms string
 	switch {
 	case len(parts) == 4 && parts[0] == string(Processing) && parts[1] != "":
-		v = Value{State: Processing, Owner: parts[1], Fingerprint: parts[3]}
-		ms = parts[2]
-	case len(parts) == 3 && parts[0] == string(Confirmed):
-		v = Value{State: Confirmed, Fingerprint: parts[2]}
-		ms = parts[1]
+		e.State, e.Owner, ms, e.Fingerprint = Processing, parts[1], parts[2], parts[3]
+	case len(parts) == 3 && parts[0] == string(Done):
+		e.State, ms, e.Fingerprint = Done, parts[1], parts[2]
 	default:
-		return Value{}, fmt.Errorf("claim value %.40q: unknown format", s)
+		return fmt.Errorf("claim value %.40q: unknown format", s)
 	}
 	n, err := strconv.ParseInt(ms, 10, 64)
 	if err != nil || n < 0 {
-		return Value{}, fmt.Errorf("claim value %.40q: bad time", s)
+		return fmt.Errorf("claim value %.40q: bad time", s)
 	}
-	v.At = time.UnixMilli(n)
-	return v, nil
+	e.At = time.UnixMilli(n)
+	return nil
 }

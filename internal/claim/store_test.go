@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -19,39 +20,52 @@ func newTestStore(t *testing.T, processingTTL time.Duration) (*Store, *redis.Cli
 	return NewStore(rdb, StoreConfig{Prefix: prefix, Timeout: time.Second, ProcessingTTL: processingTTL}), rdb
 }
 
+// attempt is a claim attempt as the tests read it.
+type attempt struct {
+	Token string
+	Found Entry
+}
+
+func (a attempt) claimed() bool { return a.Token != "" }
+
+func tryClaim(s *Store, ctx context.Context, provider, eventID, fp string) (attempt, error) {
+	token, found, err := s.claim(ctx, provider, eventID, fp)
+	return attempt{token, found}, err
+}
+
 func TestClaimStates(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s, rdb := newTestStore(t, 2*time.Minute)
 	key := s.Key("stripe", "evt_1")
 
-	first, err := s.Claim(ctx, "stripe", "evt_1", "fp1")
+	first, err := tryClaim(s, ctx, "stripe", "evt_1", "fp1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Status != Claimed || first.Token == "" {
+	if !first.claimed() || first.Token == "" {
 		t.Fatalf("first claim = %+v, want claimed with a token", first)
 	}
 	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= time.Minute || ttl > 2*time.Minute {
 		t.Errorf("processing TTL = %s, want about 2m", ttl)
 	}
 
-	second, err := s.Claim(ctx, "stripe", "evt_1", "fp1")
+	second, err := tryClaim(s, ctx, "stripe", "evt_1", "fp1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if second.Status != InProgress || second.TTL <= time.Minute || second.Existing.Owner != first.Token {
+	if second.Found.State != Processing || second.Found.TTL <= time.Minute || second.Found.Owner != first.Token {
 		t.Fatalf("second claim = %+v, want in progress, owned by the first, with its TTL", second)
 	}
 
-	if err := s.Confirm(ctx, "stripe", "evt_1", "fp1", 72*time.Hour); err != nil {
+	if err := s.confirm(ctx, "stripe", "evt_1", "fp1", 72*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	third, err := s.Claim(ctx, "stripe", "evt_1", "fp1")
+	third, err := tryClaim(s, ctx, "stripe", "evt_1", "fp1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if third.Status != Done || third.Existing.Fingerprint != "fp1" {
+	if third.Found.State != Done || third.Found.Fingerprint != "fp1" {
 		t.Fatalf("claim after confirm = %+v, want done", third)
 	}
 	if ttl := rdb.PTTL(ctx, key).Val(); ttl < 71*time.Hour {
@@ -64,23 +78,23 @@ func TestReleaseOnlyOwnClaim(t *testing.T) {
 	ctx := t.Context()
 	s, rdb := newTestStore(t, 2*time.Minute)
 
-	mine, err := s.Claim(ctx, "stripe", "evt_2", "")
+	mine, err := tryClaim(s, ctx, "stripe", "evt_2", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	released, err := s.Release(ctx, "stripe", "evt_2", "someone-else")
+	released, _, err := s.release(ctx, "stripe", "evt_2", "someone-else", time.Hour)
 	if err != nil || released {
 		t.Fatalf("release with another token = %v, %v; want false, nil", released, err)
 	}
 	if n := rdb.Exists(ctx, s.Key("stripe", "evt_2")).Val(); n != 1 {
 		t.Fatal("a release with another token deleted the claim")
 	}
-	released, err = s.Release(ctx, "stripe", "evt_2", mine.Token)
+	released, _, err = s.release(ctx, "stripe", "evt_2", mine.Token, time.Hour)
 	if err != nil || !released {
 		t.Fatalf("release with own token = %v, %v; want true, nil", released, err)
 	}
-	again, err := s.Claim(ctx, "stripe", "evt_2", "")
-	if err != nil || again.Status != Claimed {
+	again, err := tryClaim(s, ctx, "stripe", "evt_2", "")
+	if err != nil || !again.claimed() {
 		t.Fatalf("claim after release = %+v, %v; want claimed", again, err)
 	}
 }
@@ -92,22 +106,21 @@ func TestExpiredOwnerCannotReleaseNewOwner(t *testing.T) {
 	ctx := t.Context()
 	s, rdb := newTestStore(t, 100*time.Millisecond)
 
-	old, err := s.Claim(ctx, "resend", "msg_1", "")
+	old, err := tryClaim(s, ctx, "resend", "msg_1", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	current, err := s.Claim(ctx, "resend", "msg_1", "")
-	if err != nil || current.Status != Claimed {
+	current, err := tryClaim(s, ctx, "resend", "msg_1", "")
+	if err != nil || !current.claimed() {
 		t.Fatalf("claim after expiry = %+v, %v; want claimed", current, err)
 	}
-	released, err := s.Release(ctx, "resend", "msg_1", old.Token)
+	released, _, err := s.release(ctx, "resend", "msg_1", old.Token, time.Hour)
 	if err != nil || released {
 		t.Fatalf("expired owner's release = %v, %v; want false, nil", released, err)
 	}
-	v, err := ParseValue(rdb.Get(ctx, s.Key("resend", "msg_1")).Val())
-	if err != nil || v.Owner != current.Token {
-		t.Fatalf("key holds %+v (%v), want the new owner's claim", v, err)
+	if e := newEntry("", "", "", rdb.Get(ctx, s.Key("resend", "msg_1")).Val(), 0); e.Owner != current.Token {
+		t.Fatalf("key holds %+v, want the new owner's claim", e)
 	}
 }
 
@@ -117,15 +130,15 @@ func TestConfirmLandsAfterClaimExpired(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s, _ := newTestStore(t, 50*time.Millisecond)
-	if _, err := s.Claim(ctx, "stripe", "evt_3", "fp"); err != nil {
+	if _, err := tryClaim(s, ctx, "stripe", "evt_3", "fp"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if err := s.Confirm(ctx, "stripe", "evt_3", "fp", time.Hour); err != nil {
+	if err := s.confirm(ctx, "stripe", "evt_3", "fp", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	r, err := s.Claim(ctx, "stripe", "evt_3", "fp")
-	if err != nil || r.Status != Done {
+	r, err := tryClaim(s, ctx, "stripe", "evt_3", "fp")
+	if err != nil || r.Found.State != Done {
 		t.Fatalf("claim after late confirm = %+v, %v; want done", r, err)
 	}
 }
@@ -135,14 +148,14 @@ func TestReleaseDoesNotDeleteDone(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s, _ := newTestStore(t, time.Minute)
-	c, err := s.Claim(ctx, "stripe", "evt_4", "fp")
+	c, err := tryClaim(s, ctx, "stripe", "evt_4", "fp")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Confirm(ctx, "stripe", "evt_4", "fp", time.Hour); err != nil {
+	if err := s.confirm(ctx, "stripe", "evt_4", "fp", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if released, err := s.Release(ctx, "stripe", "evt_4", c.Token); err != nil || released {
+	if released, _, err := s.release(ctx, "stripe", "evt_4", c.Token, time.Hour); err != nil || released {
 		t.Fatalf("release after confirm = %v, %v; want false, nil", released, err)
 	}
 }
@@ -150,13 +163,13 @@ func TestReleaseDoesNotDeleteDone(t *testing.T) {
 func TestStoreWithoutRedis(t *testing.T) {
 	t.Parallel()
 	s := NewStore(nil, StoreConfig{Prefix: "webhook", Timeout: time.Second, ProcessingTTL: time.Minute})
-	if _, err := s.Claim(t.Context(), "stripe", "evt", ""); !errors.Is(err, ErrNoRedis) {
+	if _, err := tryClaim(s, t.Context(), "stripe", "evt", ""); !errors.Is(err, ErrNoRedis) {
 		t.Errorf("Claim err = %v, want ErrNoRedis", err)
 	}
-	if err := s.Confirm(t.Context(), "stripe", "evt", "", time.Hour); !errors.Is(err, ErrNoRedis) {
+	if err := s.confirm(t.Context(), "stripe", "evt", "", time.Hour); !errors.Is(err, ErrNoRedis) {
 		t.Errorf("Confirm err = %v, want ErrNoRedis", err)
 	}
-	if _, err := s.Release(t.Context(), "stripe", "evt", "tok"); !errors.Is(err, ErrNoRedis) {
+	if _, _, err := s.release(t.Context(), "stripe", "evt", "tok", time.Hour); !errors.Is(err, ErrNoRedis) {
 		t.Errorf("Release err = %v, want ErrNoRedis", err)
 	}
 }
@@ -184,7 +197,7 @@ func TestClaimTimesOutOnHungRedis(t *testing.T) {
 	s := NewStore(rdb, StoreConfig{Prefix: "webhook", Timeout: 100 * time.Millisecond, ProcessingTTL: time.Minute})
 
 	start := time.Now()
-	_, err = s.Claim(t.Context(), "stripe", "evt", "")
+	_, err = tryClaim(s, t.Context(), "stripe", "evt", "")
 	if err == nil {
 		t.Fatal("claim against a hung redis succeeded")
 	}
@@ -193,26 +206,26 @@ func TestClaimTimesOutOnHungRedis(t *testing.T) {
 	}
 }
 
-func TestParseValue(t *testing.T) {
+func TestEntryValue(t *testing.T) {
 	t.Parallel()
 	at := time.UnixMilli(1_700_000_000_123)
-	for _, v := range []Value{
+	for _, e := range []Entry{
 		{State: Processing, Owner: "abc123", At: at, Fingerprint: "ff00"},
 		{State: Processing, Owner: "abc123", At: at},
-		{State: Confirmed, At: at, Fingerprint: "ff00"},
+		{State: Done, At: at, Fingerprint: "ff00"},
 	} {
-		got, err := ParseValue(v.String())
-		if err != nil {
-			t.Errorf("ParseValue(%q): %v", v.String(), err)
+		var got Entry
+		if err := got.parse(e.value()); err != nil {
+			t.Errorf("parse(%q): %v", e.value(), err)
 			continue
 		}
-		if diff := cmp.Diff(v, got); diff != "" {
-			t.Errorf("round trip of %q (-want +got):\n%s", v.String(), diff)
+		if diff := cmp.Diff(e, got); diff != "" {
+			t.Errorf("round trip of %q (-want +got):\n%s", e.value(), diff)
 		}
 	}
 	for _, bad := range []string{"", "1", "processing||1|", "processing|tok|x|fp", "done|-5|fp", "done|1", "other|1|2", strings.Repeat("|", 10)} {
-		if v, err := ParseValue(bad); err == nil {
-			t.Errorf("ParseValue(%q) = %+v, want an error", bad, v)
+		if e := newEntry("k", "p", "id", bad, 0); e.State != "" {
+			t.Errorf("newEntry(%q) = %+v, want no state", bad, e)
 		}
 	}
 }
@@ -222,17 +235,17 @@ func FuzzParseValue(f *testing.F) {
 	f.Add("done|1700000000123|00ff")
 	f.Add("done||")
 	f.Fuzz(func(t *testing.T, s string) {
-		v, err := ParseValue(s)
-		if err != nil {
+		var e Entry
+		if e.parse(s) != nil {
 			return
 		}
 		// Whatever parses must survive a round trip unchanged.
-		again, err := ParseValue(v.String())
-		if err != nil {
-			t.Fatalf("ParseValue(%q) ok, but its String %q does not parse: %v", s, v.String(), err)
+		var again Entry
+		if err := again.parse(e.value()); err != nil {
+			t.Fatalf("parse(%q) ok, but its value %q does not parse: %v", s, e.value(), err)
 		}
-		if !again.At.Equal(v.At) || again.Owner != v.Owner || again.State != v.State || again.Fingerprint != v.Fingerprint {
-			t.Fatalf("round trip changed %+v into %+v", v, again)
+		if !again.At.Equal(e.At) || again.Owner != e.Owner || again.State != e.State || again.Fingerprint != e.Fingerprint {
+			t.Fatalf("round trip changed %+v into %+v", e, again)
 		}
 	})
 }

@@ -132,35 +132,36 @@ func bareAddresses(s string) []string {
 	return out
 }
 
-// inbound is SUPPORT_INBOUND_ADDRESSES: whole addresses and whole domains.
-type inbound struct {
+// Inbound is SUPPORT_INBOUND_ADDRESSES: whole addresses and whole domains,
+// lower-cased.
+type Inbound struct {
 	addresses map[string]bool
 	domains   map[string]bool
 }
 
-func parseInbound(entries []string) (inbound, error) {
-	in := inbound{addresses: map[string]bool{}, domains: map[string]bool{}}
-	for _, e := range entries {
-		e = strings.ToLower(strings.TrimSpace(e))
+// ParseInbound reads the entries ("support@munchable.app" or
+// "@inbound.munchable.app", case-insensitive) and returns those it could
+// not read, each as given.
+func ParseInbound(entries []string) (in Inbound, bad []string) {
+	in = Inbound{addresses: map[string]bool{}, domains: map[string]bool{}}
+	for _, raw := range entries {
+		e := strings.ToLower(strings.TrimSpace(raw))
 		local, domain, ok := strings.Cut(e, "@")
-		if !ok || domain == "" || strings.ContainsAny(domain, "@ ") || strings.Contains(local, " ") {
-			return inbound{}, fmt.Errorf("inbound address %q: want user@domain or @domain", e)
-		}
-		if local == "" {
+		switch {
+		case !ok || domain == "" || strings.ContainsAny(domain, "@ ") || strings.Contains(local, " "):
+			bad = append(bad, raw)
+		case local == "":
 			in.domains[domain] = true
-		} else {
+		default:
 			in.addresses[e] = true
 		}
 	}
-	if len(in.addresses)+len(in.domains) == 0 {
-		return inbound{}, errors.New("no inbound addresses")
-	}
-	return in, nil
+	return in, bad
 }
 
 // match returns the first recipient that is a support address. Recipients
 // are already lower-cased bare addresses.
-func (in inbound) match(recipients []string) (string, bool) {
+func (in Inbound) match(recipients []string) (string, bool) {
 	for _, r := range recipients {
 		if in.addresses[r] {
 			return r, true

@@ -2,7 +2,6 @@ package resendhook
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/mail"
@@ -46,31 +45,23 @@ func (t notFoundTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // newClient returns a Resend client on apiURL. The request's context (the
 // delivery's, under the handler deadline) bounds each call, so the
 // http.Client needs no timeout of its own.
-func newClient(apiURL, apiKey string) (*resend.Client, error) {
-	base, err := apiBase(apiURL)
-	if err != nil {
-		return nil, err
-	}
+func newClient(apiURL *url.URL, apiKey string) *resend.Client {
 	hc := &http.Client{Transport: notFoundTransport{base: http.DefaultTransport}}
 	c := resend.NewCustomClient(hc, apiKey)
-	c.BaseURL = base
-	return c, nil
+	c.BaseURL = apiBase(apiURL)
+	return c
 }
 
-// apiBase parses the API's base URL and gives its path a trailing slash:
-// resend-go resolves "emails/receiving/{id}" against it, and without the
-// slash a base with a path ("http://proxy/resend") would lose its last
-// segment.
-func apiBase(apiURL string) (*url.URL, error) {
-	u, err := url.Parse(apiURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("resend API URL %q: want an http(s) URL", apiURL)
-	}
+// apiBase gives the API's base URL a trailing slash: resend-go resolves
+// "emails/receiving/{id}" against it, and without the slash a base with a
+// path ("http://proxy/resend") would lose its last segment.
+func apiBase(apiURL *url.URL) *url.URL {
+	u := *apiURL
 	if !strings.HasSuffix(u.Path, "/") {
 		u.Path += "/"
 		u.RawPath = ""
 	}
-	return u, nil
+	return &u
 }
 
 // toMessage maps a fetched email onto a support message. to is the support

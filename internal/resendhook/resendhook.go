@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,57 +21,38 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
-// Config configures the handler.
+// Config configures the handler; the values are parsed and checked by the
+// caller (the service's configuration), once.
 type Config struct {
-	Secret string // whsec_... Svix signing secret
-	APIKey string
+	// Webhook verifies svix signatures with the RESEND_WEBHOOK_SECRET.
+	Webhook *svix.Webhook
+	APIKey  string
 	// APIURL is the base URL of the Resend API, e.g. https://api.resend.com.
-	APIURL string
-	// Inbound are the SUPPORT_INBOUND_ADDRESSES entries: "support@munchable.app"
-	// or "@inbound.munchable.app", case-insensitive.
-	Inbound    []string
+	APIURL *url.URL
+	// Inbound are the support addresses: mail to anyone else is ignored.
+	Inbound Inbound
+	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
 
 type handler struct {
-	ep          *claim.Endpoint
 	queue       *support.Queue
 	wh          *svix.Webhook
 	client      *resend.Client
-	inbound     inbound
+	inbound     Inbound
 	logger      *slog.Logger
 	ignored     prometheus.Counter
 	unfetchable prometheus.Counter
 }
 
 // NewHandler returns the handler of POST /webhooks/resend.
-func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) (http.Handler, error) {
-	if cfg.Secret == "" {
-		return nil, errors.New("resend webhook secret is empty")
-	}
-	wh, err := svix.NewWebhook(cfg.Secret)
-	if err != nil {
-		// Not %w: the decoder's error could quote the secret.
-		return nil, errors.New("resend webhook secret is not a whsec_ signing secret")
-	}
-	if cfg.APIKey == "" {
-		return nil, errors.New("resend API key is empty")
-	}
-	client, err := newClient(cfg.APIURL, cfg.APIKey)
-	if err != nil {
-		return nil, err
-	}
-	in, err := parseInbound(cfg.Inbound)
-	if err != nil {
-		return nil, fmt.Errorf("support inbound addresses: %w", err)
-	}
+func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handler {
 	h := &handler{
-		ep:      ep,
 		queue:   queue,
-		wh:      wh,
-		client:  client,
-		inbound: in,
+		wh:      cfg.Webhook,
+		client:  newClient(cfg.APIURL, cfg.APIKey),
+		inbound: cfg.Inbound,
 		logger:  cfg.Logger,
 		ignored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "resend_inbound_ignored_total",
@@ -85,64 +67,53 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) (http.Hand
 		h.logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{h.ignored, h.unfetchable} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("register resend metrics: %w", err)
-			}
-		}
+		cfg.Registerer.MustRegister(h.ignored, h.unfetchable)
 	}
-	return h, nil
+	return ep.Handler(h.decode)
 }
 
-// ServeHTTP follows STYLE.md rule 4: cap and read the body, verify the
-// signature on the raw bytes, and only then decode, claim and apply.
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	pooled, err := claim.ReadPooledBody(w, r)
-	if err != nil {
-		h.ep.Reject(w, r, err)
-		return
-	}
-	// Released once answered: decoding copies what it keeps (RawMessage
-	// included) and the flow only fingerprints the body.
-	defer pooled.Release()
-	body := pooled.Bytes()
+// decode verifies the signature on the raw bytes, then reads the event:
+// anything but an email.received for a support address is ignored.
+func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 	// Verify applies the library's 5 minute tolerance on svix-timestamp.
-	if err := h.wh.Verify(body, r.Header); err != nil {
-		h.ep.Reject(w, r, fmt.Errorf("svix signature: %w", err))
-		return
+	if err := h.wh.Verify(body, header); err != nil {
+		return claim.Event{}, verifyError(err)
 	}
-	eventID := messageID(r.Header)
+	out := claim.Event{ID: messageID(header)}
 	ev, err := decode(body)
 	if err != nil {
-		h.ep.Reject(w, r, err)
-		return
+		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
 	}
+	out.Type = ev.Type
 	if ev.Type != typeReceived {
-		h.ep.Ignore(w, r, eventID, ev.Type)
-		return
+		return out, nil
 	}
 	d, err := ev.mail()
 	if err != nil {
-		h.ep.Reject(w, r, err)
-		return
+		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
 	}
 	// Resend's webhook is per account, not per domain: mail to anyone else
 	// is none of our business, and not worth an API call.
 	to, ok := h.inbound.match(d.recipients())
 	if !ok {
 		h.ignored.Inc()
-		h.ep.Ignore(w, r, eventID, ev.Type)
-		return
+		return out, nil
 	}
-	logger := h.logger.With("provider", "resend", "event_id", eventID, "event_type", ev.Type, "email_id", d.EmailID)
-	h.ep.Serve(w, r, claim.Delivery{
-		EventID:   eventID,
-		EventType: ev.Type,
-		Body:      body,
-		Apply: func(ctx context.Context) error {
-			return h.apply(ctx, logger, d, to)
-		},
-	})
+	logger := h.logger.With("provider", "resend", "event_id", out.ID, "event_type", ev.Type, "email_id", d.EmailID)
+	out.Apply = func(ctx context.Context) error {
+		return h.apply(ctx, logger, d, to)
+	}
+	return out, nil
+}
+
+// verifyError names why svix refused a delivery. The library's errors are
+// unexported, so its two timestamp errors are told apart by their text.
+func verifyError(err error) error {
+	switch err.Error() {
+	case "Message timestamp too old", "Message timestamp too new":
+		return fmt.Errorf("svix signature: %w: %w", claim.ErrTimestamp, err)
+	}
+	return fmt.Errorf("svix signature: %w: %w", claim.ErrSignature, err)
 }
 
 // messageID is the delivery's id as the signature covered it. svix's Verify

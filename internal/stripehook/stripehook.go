@@ -5,6 +5,7 @@ package stripehook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -18,43 +19,37 @@ import (
 // Tolerance is how old a signature's timestamp may be.
 const Tolerance = 300 * time.Second
 
-// Handler answers POST /webhooks/stripe.
-func Handler(ep *claim.Endpoint, secret string, store *entitlements.Store) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		pooled, err := claim.ReadPooledBody(w, r)
-		if err != nil {
-			ep.Reject(w, r, err)
-			return
-		}
-		// The body's buffer is reused once this delivery is answered:
-		// nothing keeps it, as decode copies what it reads and the flow
-		// only fingerprints it.
-		defer pooled.Release()
-		body := pooled.Bytes()
-		// Verify only: stripe-go's ConstructEvent would also decode the whole
-		// event into its own type and refuse other API versions.
-		if err := webhook.ValidatePayloadWithTolerance(body, r.Header.Get("Stripe-Signature"), secret, Tolerance); err != nil {
-			ep.Reject(w, r, fmt.Errorf("stripe signature: %w", err))
-			return
+// NewHandler returns the handler of POST /webhooks/stripe.
+func NewHandler(ep *claim.Endpoint, secret string, store *entitlements.Store) http.Handler {
+	return ep.Handler(func(h http.Header, body []byte) (claim.Event, error) {
+		if err := verify(body, h.Get("Stripe-Signature"), secret); err != nil {
+			return claim.Event{}, err
 		}
 		ev, err := decode(body)
 		if err != nil {
-			ep.Reject(w, r, err)
-			return
+			return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
 		}
-		if !subscriptionEvents[ev.Type] {
-			ep.Ignore(w, r, ev.ID, ev.Type)
-			return
-		}
-		ep.Serve(w, r, claim.Delivery{
-			EventID:   ev.ID,
-			EventType: ev.Type,
-			Body:      body,
-			Apply: func(ctx context.Context) error {
+		out := claim.Event{ID: ev.ID, Type: ev.Type}
+		if subscriptionEvents[ev.Type] {
+			out.Apply = func(ctx context.Context) error {
 				ent, ref := ev.entitlement()
 				_, err := store.Apply(ctx, ent, ref)
 				return err
-			},
-		})
+			}
+		}
+		return out, nil
 	})
+}
+
+// verify checks the signature only: stripe-go's ConstructEvent would also
+// decode the whole event into its own type and refuse other API versions.
+func verify(body []byte, header, secret string) error {
+	err := webhook.ValidatePayloadWithTolerance(body, header, secret, Tolerance)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, webhook.ErrTooOld):
+		return fmt.Errorf("stripe signature: %w: %w", claim.ErrTimestamp, err)
+	}
+	return fmt.Errorf("stripe signature: %w: %w", claim.ErrSignature, err)
 }

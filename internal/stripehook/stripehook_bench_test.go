@@ -103,7 +103,7 @@ func benchHandler(b *testing.B) http.Handler {
 		Registerer:     reg,
 	})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour})
-	return Handler(ep, secret, entitlements.NewStore(pool, reg))
+	return NewHandler(ep, secret, entitlements.NewStore(pool, reg))
 }
 
 // benchRequest is one request, reused across iterations so that the

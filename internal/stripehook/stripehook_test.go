@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -61,7 +62,7 @@ func newHarness(t *testing.T, o options) *harness {
 		Registerer:     h.reg,
 	})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour, FailClosed: o.failClosed})
-	h.handler = Handler(ep, secret, entitlements.NewStore(h.pool, h.reg))
+	h.handler = NewHandler(ep, secret, entitlements.NewStore(h.pool, h.reg))
 	return h
 }
 
@@ -286,7 +287,8 @@ func TestRetryWhileClaimHeld(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, options{})
 	// Another attempt (this replica or another) holds the claim.
-	if _, err := h.claims.Claim(t.Context(), "stripe", "evt_held", "x"); err != nil {
+	held := "processing|other-replica|" + strconv.FormatInt(time.Now().UnixMilli(), 10) + "|x"
+	if err := h.rdb.Set(t.Context(), h.claims.Key("stripe", "evt_held"), held, 2*time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	w := h.post(t, ev{id: "evt_held", sub: "sub_held", status: "active", created: 1764590400}.body(t), time.Now())
@@ -406,17 +408,26 @@ func TestRejected(t *testing.T) {
 	noSubSig := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: noSub, Secret: secret}).Header
 
 	tests := []struct {
-		name string
-		body []byte
-		sig  string
+		name   string
+		body   []byte
+		sig    string
+		reason string // webhook_rejections_total's
 	}{
-		{"no signature", body, ""},
-		{"malformed header", body, "garbage"},
-		{"wrong secret", body, wrongSecret},
-		{"signature of another body", body, otherSig},
-		{"timestamp past tolerance", body, stale},
-		{"valid signature, unparseable JSON", validGarbage, garbageSig},
-		{"valid signature, subscription without customer or status", noSub, noSubSig},
+		{"no signature", body, "", "signature"},
+		{"malformed header", body, "garbage", "signature"},
+		{"wrong secret", body, wrongSecret, "signature"},
+		{"signature of another body", body, otherSig, "signature"},
+		{"timestamp past tolerance", body, stale, "timestamp"},
+		{"valid signature, unparseable JSON", validGarbage, garbageSig, "malformed"},
+		{"valid signature, subscription without customer or status", noSub, noSubSig, "malformed"},
+	}
+	reasons := map[string]float64{}
+	verification := 0.0
+	for _, tt := range tests {
+		reasons[tt.reason]++
+		if tt.reason == "signature" || tt.reason == "timestamp" {
+			verification++
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -435,8 +446,15 @@ func TestRejected(t *testing.T) {
 	if n := h.rdb.Exists(t.Context(), h.claims.Key("stripe", "evt_bad")).Val(); n != 0 {
 		t.Error("a rejected delivery took a claim")
 	}
-	if got := h.metric(t, "webhook_deliveries_total", "provider", "stripe", "outcome", "rejected"); got != float64(len(tests)) {
-		t.Errorf("rejected metric = %v, want %d", got, len(tests))
+	// "rejected" deliveries are verification failures only: the
+	// signatures-refused alert watches them.
+	if got := h.metric(t, "webhook_deliveries_total", "provider", "stripe", "outcome", "rejected"); got != verification {
+		t.Errorf("rejected metric = %v, want %v", got, verification)
+	}
+	for reason, want := range reasons {
+		if got := h.metric(t, "webhook_rejections_total", "provider", "stripe", "reason", reason); got != want {
+			t.Errorf("webhook_rejections_total{reason=%q} = %v, want %v", reason, got, want)
+		}
 	}
 }
 

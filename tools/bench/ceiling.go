@@ -22,10 +22,9 @@ import (
 
 // serveCeiling is the "ceiling" subcommand: the part of the service's work
 // that every delivery pays, and nothing else, in a process of its own like
-// the service. Mode "chi" reads the body as the Stripe handler does
-// (claim.ReadPooledBody) and answers 200; mode "verify" also checks the
-// signature as the Stripe handler does. The server has the service's
-// timeouts.
+// the service. Mode "chi" reads the body through the service's intake and
+// answers 200; mode "verify" also checks the signature as the Stripe
+// handler does. The server has the service's timeouts.
 func serveCeiling(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ceiling", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -41,27 +40,23 @@ func serveCeiling(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	received := []byte(`{"received":true}`)
-	invalid := []byte(`{"error":"invalid webhook"}`)
-	r := chi.NewRouter()
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	r.Post("/webhooks/stripe", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		body, err := claim.ReadPooledBody(w, r)
-		if err == nil {
-			defer body.Release()
-			if *mode == "verify" {
-				err = webhook.ValidatePayloadWithTolerance(body.Bytes(), r.Header.Get("Stripe-Signature"), *secret, stripehook.Tolerance)
+	// The service's own intake (claim.Endpoint.Handler) with a decode that
+	// stops before the claim: every delivery is answered as ignored, so the
+	// ceiling pays exactly the reading, verifying and answering the service
+	// pays, and the compiler sees the dependency.
+	ep := claim.NewFlow(claim.NewStore(nil, claim.StoreConfig{}), claim.FlowConfig{}).
+		Endpoint(claim.Provider{Name: "stripe"})
+	intake := ep.Handler(func(h http.Header, body []byte) (claim.Event, error) {
+		if *mode == "verify" {
+			if err := webhook.ValidatePayloadWithTolerance(body, h.Get("Stripe-Signature"), *secret, stripehook.Tolerance); err != nil {
+				return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrSignature, err)
 			}
 		}
-		if err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write(invalid)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(received)
+		return claim.Event{ID: "ceiling"}, nil
 	})
+	r := chi.NewRouter()
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	r.Method(http.MethodPost, "/webhooks/stripe", intake)
 	srv := &http.Server{
 		Handler:           r,
 		ReadHeaderTimeout: 5 * time.Second,
