@@ -1,0 +1,293 @@
+package stripetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	stripe "github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+)
+
+// stripeMockVersion is the stripe-mock the request shapes are checked
+// against; its routes and parameter validation come from Stripe's OpenAPI
+// spec.
+const stripeMockVersion = "github.com/stripe/stripe-mock@v0.203.0"
+
+func newClient(base *url.URL, retries int64) *client.API {
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(base.String()),
+		MaxNetworkRetries: stripe.Int64(retries),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	return client.New(Key, &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+}
+
+// calls are the stripe-go calls the service makes, with every parameter it
+// sends; ids name objects the fake holds (stripe-mock accepts any).
+func calls(api *client.API) map[string]func() error {
+	drain := func(it interface {
+		Next() bool
+		Err() error
+	}) error {
+		for it.Next() {
+		}
+		return it.Err()
+	}
+	return map[string]func() error{
+		"retrieve subscription": func() error {
+			_, err := api.Subscriptions.Get("sub_1", nil)
+			return err
+		},
+		"list subscriptions status=all": func() error {
+			p := &stripe.SubscriptionListParams{Status: stripe.String("all")}
+			p.Limit = stripe.Int64(100)
+			return drain(api.Subscriptions.List(p).Iter)
+		},
+		"list subscriptions starting_after": func() error {
+			p := &stripe.SubscriptionListParams{Status: stripe.String("all")}
+			p.Limit, p.StartingAfter, p.Single = stripe.Int64(2), stripe.String("sub_1"), true
+			return drain(api.Subscriptions.List(p).Iter)
+		},
+		"list events types created delivery_success": func() error {
+			p := &stripe.EventListParams{
+				Types:           stripe.StringSlice([]string{"customer.subscription.updated", "customer.subscription.deleted"}),
+				CreatedRange:    &stripe.RangeQueryParams{GreaterThanOrEqual: 1700000000},
+				DeliverySuccess: stripe.Bool(false),
+			}
+			p.Limit = stripe.Int64(100)
+			return drain(api.Events.List(p).Iter)
+		},
+		"list events ending_before": func() error {
+			p := &stripe.EventListParams{Types: stripe.StringSlice([]string{"customer.subscription.updated"})}
+			p.Limit, p.EndingBefore, p.Single = stripe.Int64(100), stripe.String("evt_1"), true
+			return drain(api.Events.List(p).Iter)
+		},
+		"list active entitlements": func() error {
+			p := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String("cus_1")}
+			p.Limit = stripe.Int64(100)
+			return drain(api.EntitlementsActiveEntitlements.List(p).Iter)
+		},
+	}
+}
+
+// TestRequestShapesMatchStripeMock sends the service's stripe-go calls to
+// stripe-mock, which validates each request against Stripe's OpenAPI spec
+// (an unknown route or parameter is a 400 or 404), and to the fake: both
+// must accept every one, so the fake serves what Stripe would.
+func TestRequestShapesMatchStripeMock(t *testing.T) {
+	t.Parallel()
+	mock := startStripeMock(t)
+	fake := New(t)
+	fx := LoadFixtures(t)
+	fake.PutSubscription(fx.Subscription(Subscription{ID: "sub_1", Customer: "cus_1", Status: "active", PriceID: "price_1", Created: 1700000000}))
+	fake.AddEvent(fx.Event("evt_1", "customer.subscription.updated", 1700000000, fx.Subscription(Subscription{ID: "sub_1"}), nil), false)
+	fake.SetActiveEntitlements("cus_1", fx.ActiveEntitlement("ent_1", "feat_1", "pro"))
+
+	for name, call := range calls(newClient(mock, 0)) {
+		if err := call(); err != nil {
+			t.Errorf("stripe-mock refused %s: %v", name, err)
+		}
+	}
+	for name, call := range calls(newClient(fake.URL(), 0)) {
+		if err := call(); err != nil {
+			t.Errorf("fake refused %s: %v", name, err)
+		}
+	}
+}
+
+// startStripeMock builds stripe-mock from the module proxy into a temporary
+// directory and serves it on a free loopback port until the test ends. Where
+// it cannot be built the test is skipped, except under CI=true.
+func startStripeMock(t *testing.T) *url.URL {
+	t.Helper()
+	dir := t.TempDir()
+	install := exec.Command("go", "install", stripeMockVersion)
+	install.Dir = dir // outside this module: its go.mod must not apply
+	install.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
+	if out, err := install.CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("stripe-mock unavailable: go install %s: %v\n%s", stripeMockVersion, err, out)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	port := freePort(t)
+	cmd := exec.Command(filepath.Join(dir, "stripe-mock"), "-http-port", strconv.Itoa(port))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start stripe-mock: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	base := &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base.String()+"/v1/subscriptions", nil)
+		req.SetBasicAuth(Key, "")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return base
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("stripe-mock did not answer within 30s")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func TestListSubscriptionsPaginatesAndFiltersByStatus(t *testing.T) {
+	t.Parallel()
+	fake := New(t)
+	fx := LoadFixtures(t)
+	statuses := []string{"active", "canceled", "trialing", "incomplete_expired", "past_due"}
+	for i := range 250 {
+		fake.PutSubscription(fx.Subscription(Subscription{
+			ID: fmt.Sprintf("sub_%03d", i), Customer: "cus_1", Status: statuses[i%len(statuses)],
+			PriceID: "price_1", Created: 1700000000 + int64(i),
+		}))
+	}
+	api := newClient(fake.URL(), 0)
+	list := func(status string) []string {
+		p := &stripe.SubscriptionListParams{}
+		if status != "" {
+			p.Status = stripe.String(status)
+		}
+		p.Limit = stripe.Int64(100)
+		var ids []string
+		it := api.Subscriptions.List(p)
+		for it.Next() {
+			ids = append(ids, it.Subscription().ID)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+
+	all := list("all")
+	if got, want := len(all), 250; got != want {
+		t.Fatalf("status=all listed %d subscriptions, want %d", got, want)
+	}
+	if all[0] != "sub_249" || all[249] != "sub_000" {
+		t.Errorf("status=all order: first %s last %s, want newest (sub_249) first", all[0], all[249])
+	}
+	if got, want := fake.Calls(ListSubscriptions), 3; got != want {
+		t.Errorf("250 subscriptions at limit 100 took %d calls, want %d", got, want)
+	}
+	if got, want := len(list("")), 200; got != want {
+		t.Errorf("default status listed %d, want %d (every one but the 50 canceled)", got, want)
+	}
+	if got, want := len(list("ended")), 100; got != want {
+		t.Errorf("status=ended listed %d, want %d", got, want)
+	}
+}
+
+func TestListEventsFiltersAndOrders(t *testing.T) {
+	t.Parallel()
+	fake := New(t)
+	fx := LoadFixtures(t)
+	sub := fx.Subscription(Subscription{ID: "sub_1", Customer: "cus_1", Status: "active"})
+	add := func(id, typ string, created int64, delivered bool) {
+		fake.AddEvent(fx.Event(id, typ, created, sub, nil), delivered)
+	}
+	add("evt_old", "customer.subscription.updated", 100, false)
+	add("evt_a", "customer.subscription.created", 200, true)
+	add("evt_b", "customer.subscription.updated", 200, false)
+	add("evt_charge", "charge.succeeded", 300, false)
+	add("evt_c", "customer.subscription.deleted", 400, true)
+	api := newClient(fake.URL(), 0)
+
+	list := func(p *stripe.EventListParams) []string {
+		var ids []string
+		it := api.Events.List(p)
+		for it.Next() {
+			ids = append(ids, it.Event().ID)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	subTypes := stripe.StringSlice([]string{"customer.subscription.created", "customer.subscription.updated", "customer.subscription.deleted"})
+	tests := []struct {
+		name   string
+		params *stripe.EventListParams
+		want   []string
+	}{
+		{"newest first, later added first in a second", &stripe.EventListParams{}, []string{"evt_c", "evt_charge", "evt_b", "evt_a", "evt_old"}},
+		{"types and created[gte]", &stripe.EventListParams{Types: subTypes, CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: 200}}, []string{"evt_c", "evt_b", "evt_a"}},
+		{"undelivered", &stripe.EventListParams{Types: subTypes, DeliverySuccess: stripe.Bool(false)}, []string{"evt_b", "evt_old"}},
+	}
+	for _, tt := range tests {
+		tt.params.Limit = stripe.Int64(2) // pages of two: pagination under the filters
+		if diff := cmp.Diff(tt.want, list(tt.params)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.name, diff)
+		}
+	}
+
+	// ending_before walks towards the newest; stripe-go hands each page over
+	// oldest first.
+	p := &stripe.EventListParams{Types: subTypes}
+	p.Limit, p.EndingBefore = stripe.Int64(2), stripe.String("evt_old")
+	if diff := cmp.Diff([]string{"evt_a", "evt_b", "evt_c"}, list(p)); diff != "" {
+		t.Errorf("ending_before evt_old (-want +got):\n%s", diff)
+	}
+}
+
+func TestFailuresOnDemand(t *testing.T) {
+	t.Parallel()
+	fake := New(t)
+	fx := LoadFixtures(t)
+	fake.PutSubscription(fx.Subscription(Subscription{ID: "sub_1", Customer: "cus_1", Status: "active"}))
+
+	// stripe-go retries a 500: one failure costs one more call.
+	fake.FailNext(1, http.StatusInternalServerError)
+	if _, err := newClient(fake.URL(), 1).Subscriptions.Get("sub_1", nil); err != nil {
+		t.Fatalf("a 500 then a success, with one retry: %v", err)
+	}
+	if got, want := fake.Calls(RetrieveSubscription), 2; got != want {
+		t.Errorf("calls = %d, want %d", got, want)
+	}
+
+	// A rate limit comes back as Stripe's error, code rate_limit.
+	fake.FailNext(1, http.StatusTooManyRequests)
+	_, err := newClient(fake.URL(), 0).Subscriptions.Get("sub_1", nil)
+	var serr *stripe.Error
+	if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusTooManyRequests || serr.Code != stripe.ErrorCodeRateLimit {
+		t.Errorf("after FailNext(429): err = %v, want a 429 rate_limit *stripe.Error", err)
+	}
+
+	_, err = newClient(fake.URL(), 0).Subscriptions.Get("sub_missing", nil)
+	if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusNotFound {
+		t.Errorf("missing subscription: err = %v, want a 404", err)
+	}
+	if got, want := fake.TotalCalls(), 4; got != want {
+		t.Errorf("total calls = %d, want %d", got, want)
+	}
+}
