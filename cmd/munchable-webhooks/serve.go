@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/stripe/stripe-go/v79/client"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -84,10 +85,14 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	handler := newServer(logger,
 		handleReadyz(pool, claims, &draining),
 		publicMetrics(cfg, metrics),
-		stripehook.NewHandler(
+		stripehook.New(stripehook.Config{
+			Store:      entitlements.NewStore(pool, registry),
+			API:        stripeAPI(cfg, logger),
+			Logger:     logger,
+			Registerer: registry,
+		}).Handler(
 			flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode)),
-			string(cfg.StripeWebhookSecret),
-			entitlements.NewStore(pool, registry)),
+			string(cfg.StripeWebhookSecret)),
 		resendhook.NewHandler(
 			flow.Endpoint(provider("resend", cfg.ResendDedupeTTL, cfg.ResendClaimFailureMode)),
 			queue,
@@ -103,6 +108,15 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies),
 	)
 	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
+}
+
+// stripeAPI is the Stripe API client, or nil without STRIPE_API_KEY: the
+// service then works offline from payloads.
+func stripeAPI(cfg config, logger *slog.Logger) *client.API {
+	if cfg.StripeAPIKey == "" {
+		return nil
+	}
+	return stripehook.NewAPIWithLogger(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
 }
 
 func provider(name string, dedupeTTL time.Duration, failureMode string) claim.Provider {

@@ -1,134 +1,123 @@
 package stripehook
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"time"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
-// event is the part of a Stripe event this service reads. It is decoded
-// once, after the signature check, into only these fields; the rest of the
-// body is skipped. Fields are read defensively so that events rendered at
-// any API version are handled (stripe-go's own Event type would tie us to
-// its pinned version).
-type event struct {
-	ID      string `json:"id"`
-	Type    string `json:"type"`
-	Created int64  `json:"created"`
+// head is what every decision starts from: the type (handled or not) and
+// the object (a thin event or a snapshot event). created stays raw because
+// a thin event spells it as an ISO string
+// (https://docs.stripe.com/api/v2/core/events/object), and data stays raw
+// until the type says how to read it.
+type head struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Type    string          `json:"type"`
+	Created json.RawMessage `json:"created"`
 	Data    struct {
-		Object             subscription `json:"object"`
-		PreviousAttributes struct {
-			Status string `json:"status"`
-		} `json:"previous_attributes"`
+		Object             json.RawMessage `json:"object"`
+		PreviousAttributes json.RawMessage `json:"previous_attributes"`
 	} `json:"data"`
 }
 
-type subscription struct {
-	ID                string `json:"id"`
-	Customer          ref    `json:"customer"`
-	Status            string `json:"status"`
-	CancelAtPeriodEnd bool   `json:"cancel_at_period_end"`
-	// CurrentPeriodEnd is on the subscription up to API version
-	// 2025-02-24; from 2025-03-31 it lives on each item.
-	CurrentPeriodEnd int64 `json:"current_period_end"`
-	Items            struct {
-		Data []struct {
-			Price struct {
-				ID string `json:"id"`
-			} `json:"price"`
-			CurrentPeriodEnd int64 `json:"current_period_end"`
-		} `json:"data"`
-	} `json:"items"`
+// thinObject is the object of a thin event: an unversioned notice that
+// carries no state, only a reference to fetch
+// (https://docs.stripe.com/event-destinations#thin-events).
+const thinObject = "v2.core.event"
+
+// kind is what a handled event type writes.
+type kind int
+
+const (
+	kindSubscription kind = iota + 1
+	kindFeatures
+	kindCheckout
+)
+
+// handled maps each event type this service acts on to what it writes.
+// Every other type is acknowledged and ignored.
+var handled = map[string]kind{
+	"customer.subscription.created":                   kindSubscription,
+	"customer.subscription.updated":                   kindSubscription,
+	"customer.subscription.deleted":                   kindSubscription,
+	"customer.subscription.paused":                    kindSubscription,
+	"customer.subscription.resumed":                   kindSubscription,
+	"customer.subscription.pending_update_applied":    kindSubscription,
+	"customer.subscription.pending_update_expired":    kindSubscription,
+	"customer.subscription.trial_will_end":            kindSubscription,
+	"entitlements.active_entitlement_summary.updated": kindFeatures,
+	"checkout.session.completed":                      kindCheckout,
+	"checkout.session.expired":                        kindCheckout,
+	"checkout.session.async_payment_succeeded":        kindCheckout,
+	"checkout.session.async_payment_failed":           kindCheckout,
 }
 
-// ref is a Stripe reference: an id string, or the expanded object.
-type ref string
-
-func (r *ref) UnmarshalJSON(b []byte) error {
-	if bytes.HasPrefix(b, []byte(`"`)) {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		*r = ref(s)
-		return nil
-	}
-	if bytes.Equal(b, []byte("null")) {
-		return nil
-	}
-	var obj struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(b, &obj); err != nil {
-		return err
-	}
-	*r = ref(obj.ID)
-	return nil
+// HandledTypes lists the event types this service acts on, sorted: what
+// to subscribe to in the Stripe dashboard, and what replay asks for.
+func HandledTypes() []string {
+	return slices.Sorted(maps.Keys(handled))
 }
 
-var errInvalidEvent = errors.New("invalid event")
+// earliestCreated bounds a believable event time from below; maxAhead
+// bounds it from above. A signed created at the int64 maximum would
+// otherwise be stored as 1969 and let every later event past the guard.
+var earliestCreated = time.Date(2010, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// subscriptionEvents are the event types that carry a subscription whose
-// state becomes an entitlement.
-var subscriptionEvents = map[string]bool{
-	"customer.subscription.created": true,
-	"customer.subscription.updated": true,
-	"customer.subscription.deleted": true,
-	"customer.subscription.paused":  true,
-	"customer.subscription.resumed": true,
+const maxAhead = 24 * time.Hour
+
+// created reads an event's created (Unix seconds) and refuses an absurd one.
+func created(raw json.RawMessage, now time.Time) (time.Time, error) {
+	secs, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: created", errMissing)
+	}
+	if secs < earliestCreated.Unix() || secs > now.Add(maxAhead).Unix() {
+		return time.Time{}, fmt.Errorf("created %d is before 2010 or more than a day ahead", secs)
+	}
+	return time.Unix(secs, 0).UTC(), nil
 }
 
-// decode parses a verified body. Only subscription events need their
-// object to be complete; any other event needs just an id and a type.
-func decode(body []byte) (event, error) {
-	var ev event
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return event{}, fmt.Errorf("%w: %w", errInvalidEvent, err)
+// decode reads a verified event body into what the claim runs. Only a
+// handled type is read past its head; body is not kept (the intake reuses
+// its buffer), only what json copies out of it.
+func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (claim.Event, error) {
+	var h head
+	if err := json.Unmarshal(body, &h); err != nil {
+		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
 	}
-	if ev.ID == "" || ev.Type == "" {
-		return event{}, fmt.Errorf("%w: missing id or type", errInvalidEvent)
+	out := claim.Event{ID: h.ID, Type: h.Type}
+	if h.Object == thinObject {
+		r.thin.Inc()
+		return out, nil
 	}
-	if !subscriptionEvents[ev.Type] {
-		return ev, nil
+	k := handled[h.Type]
+	if k == 0 {
+		return out, nil
 	}
-	sub := ev.Data.Object
-	switch {
-	case ev.Created <= 0:
-		return event{}, fmt.Errorf("%w: %s has no created time", errInvalidEvent, ev.ID)
-	case sub.ID == "" || sub.Customer == "" || sub.Status == "":
-		return event{}, fmt.Errorf("%w: %s lacks subscription id, customer or status", errInvalidEvent, ev.ID)
+	at, err := created(h.Created, time.Now())
+	if err != nil {
+		return claim.Event{}, fmt.Errorf("%w: %s %s: %w", claim.ErrMalformed, h.Type, h.ID, err)
 	}
-	return ev, nil
-}
-
-// entitlement maps the event's subscription onto the stored shape.
-func (ev event) entitlement() (entitlements.Entitlement, entitlements.Event) {
-	sub := ev.Data.Object
-	ent := entitlements.Entitlement{
-		SubscriptionID:    sub.ID,
-		CustomerID:        string(sub.Customer),
-		Status:            sub.Status,
-		CancelAtPeriodEnd: sub.CancelAtPeriodEnd,
+	var apply applyFunc
+	switch k {
+	case kindSubscription:
+		apply, err = r.subscriptionEvent(h, at)
+	case kindFeatures:
+		apply, err = r.featuresEvent(h, at)
+	case kindCheckout:
+		apply, err = r.checkoutEvent(h, at)
 	}
-	periodEnd := sub.CurrentPeriodEnd
-	for i, item := range sub.Items.Data {
-		if i == 0 {
-			ent.PriceID = item.Price.ID
-		}
-		// Items can renew on different days; the subscription's period
-		// is over when the last of them is.
-		periodEnd = max(periodEnd, item.CurrentPeriodEnd)
+	if err != nil {
+		return claim.Event{}, fmt.Errorf("%w: %s %s: data.object: %w", claim.ErrMalformed, h.Type, h.ID, err)
 	}
-	if periodEnd > 0 {
-		ent.CurrentPeriodEnd = time.Unix(periodEnd, 0).UTC()
-	}
-	return ent, entitlements.Event{
-		ID:             ev.ID,
-		Created:        time.Unix(ev.Created, 0).UTC(),
-		PreviousStatus: ev.Data.PreviousAttributes.Status,
-	}
+	out.Apply = r.applier(out, apply, onResult)
+	return out, nil
 }

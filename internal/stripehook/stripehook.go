@@ -1,55 +1,139 @@
-// Package stripehook receives Stripe webhooks: it verifies each delivery's
-// signature, reads the subscription events, and hands them to the claim
-// flow to become entitlements.
+// Package stripehook receives Stripe events: it verifies each delivery's
+// signature, reads the handled event types defensively across API
+// versions, and hands them to the claim flow to become entitlements,
+// features and checkout sessions.
 package stripehook
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stripe/stripe-go/v79/client"
 	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
-// Tolerance is how old a signature's timestamp may be.
+// Tolerance is how far a signature's timestamp may be from now, in either
+// direction.
 const Tolerance = 300 * time.Second
 
-// NewHandler returns the handler of POST /webhooks/stripe.
-func NewHandler(ep *claim.Endpoint, secret string, store *entitlements.Store) http.Handler {
+// Config is what a Receiver works with.
+type Config struct {
+	Store *entitlements.Store
+	// API, when not nil (STRIPE_API_KEY set), settles unordered events and
+	// completes truncated feature lists by asking Stripe.
+	API        *client.API
+	Logger     *slog.Logger // nil discards
+	Registerer prometheus.Registerer
+}
+
+// Receiver turns Stripe events into writes. The webhook and stripe replay
+// share it.
+type Receiver struct {
+	store     *entitlements.Store
+	api       *client.API
+	logger    *slog.Logger
+	thin      prometheus.Counter
+	truncated prometheus.Counter
+}
+
+// New returns a Receiver and registers its metrics.
+func New(cfg Config) *Receiver {
+	r := &Receiver{
+		store:  cfg.Store,
+		api:    cfg.API,
+		logger: cfg.Logger,
+		thin: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stripe_thin_events_total",
+			Help: "Thin events (object v2.core.event) acknowledged and ignored.",
+		}),
+		truncated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "customer_features_incomplete_total",
+			Help: "Feature summaries stored incomplete: the event's list was truncated and no STRIPE_API_KEY was set to fetch the rest.",
+		}),
+	}
+	if r.logger == nil {
+		r.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(r.thin, r.truncated)
+	}
+	return r
+}
+
+// Handler answers POST /webhooks/stripe on ep.
+func (r *Receiver) Handler(ep *claim.Endpoint, secret string) http.Handler {
 	return ep.Handler(func(h http.Header, body []byte) (claim.Event, error) {
-		if err := verify(body, h.Get("Stripe-Signature"), secret); err != nil {
+		if err := verify(body, h.Get("Stripe-Signature"), secret, time.Now()); err != nil {
 			return claim.Event{}, err
 		}
-		ev, err := decode(body)
-		if err != nil {
-			return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
-		}
-		out := claim.Event{ID: ev.ID, Type: ev.Type}
-		if subscriptionEvents[ev.Type] {
-			out.Apply = func(ctx context.Context) error {
-				ent, ref := ev.entitlement()
-				_, err := store.Apply(ctx, ent, ref)
-				return err
-			}
-		}
-		return out, nil
+		return r.decode(body, nil)
 	})
+}
+
+// Event decodes an event body already authenticated some other way (stripe
+// replay reads it from the API) into what the claim runs. Its Apply calls
+// onResult, when not nil, with what the store did.
+func (r *Receiver) Event(body []byte, onResult func(entitlements.Result)) (claim.Event, error) {
+	return r.decode(body, onResult)
+}
+
+// applier wraps an event's write: the one place an unordered event is
+// logged, and a result is reported.
+func (r *Receiver) applier(ev claim.Event, apply applyFunc, onResult func(entitlements.Result)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		res, err := apply(ctx)
+		if err != nil {
+			return fmt.Errorf("apply %s: %w", ev.ID, err)
+		}
+		if res.Unordered {
+			r.logger.Warn("unordered same-second event kept out: set STRIPE_API_KEY to settle such events from the API",
+				"event_id", ev.ID, "event_type", ev.Type, "stored_event_id", res.StoredEventID, "differs", res.Differs)
+		}
+		if onResult != nil {
+			onResult(res)
+		}
+		return nil
+	}
 }
 
 // verify checks the signature only: stripe-go's ConstructEvent would also
 // decode the whole event into its own type and refuse other API versions.
-func verify(body []byte, header, secret string) error {
+// stripe-go bounds a timestamp's age but not how far ahead it is; a
+// signature dated years ahead would stay replayable until then, so that
+// side is bounded here with the same tolerance.
+func verify(body []byte, header, secret string, now time.Time) error {
 	err := webhook.ValidatePayloadWithTolerance(body, header, secret, Tolerance)
 	switch {
 	case err == nil:
-		return nil
 	case errors.Is(err, webhook.ErrTooOld):
 		return fmt.Errorf("stripe signature: %w: %w", claim.ErrTimestamp, err)
+	default:
+		return fmt.Errorf("stripe signature: %w: %w", claim.ErrSignature, err)
 	}
-	return fmt.Errorf("stripe signature: %w: %w", claim.ErrSignature, err)
+	if t, ok := signedAt(header); ok && t.Sub(now) > Tolerance {
+		return fmt.Errorf("stripe signature: %w: signed %s ahead", claim.ErrTimestamp, t.Sub(now).Round(time.Second))
+	}
+	return nil
+}
+
+// signedAt reads t= from a Stripe-Signature header that has already
+// verified.
+func signedAt(header string) (time.Time, bool) {
+	for part := range strings.SplitSeq(header, ",") {
+		if v, ok := strings.CutPrefix(part, "t="); ok {
+			secs, err := strconv.ParseInt(v, 10, 64)
+			return time.Unix(secs, 0), err == nil
+		}
+	}
+	return time.Time{}, false
 }

@@ -1,0 +1,98 @@
+package stripehook
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+
+	"github.com/munchable/munchable-webhooks/internal/entitlements"
+)
+
+// NewAPI returns a stripe-go client on key whose backends all point at
+// baseURL (STRIPE_API_URL; tests point it at a local server). Whether to
+// call it at all when key is "" is the caller's decision.
+func NewAPI(key string, baseURL *url.URL) *client.API {
+	return NewAPIWithLogger(key, baseURL, nil)
+}
+
+// NewAPIWithLogger is NewAPI with stripe-go's own log lines routed into
+// logger as JSON (nil: dropped), so that every line the process writes is
+// one JSON object.
+func NewAPIWithLogger(key string, baseURL *url.URL, logger *slog.Logger) *client.API {
+	cfg := &stripe.BackendConfig{
+		URL: stripe.String(baseURL.String()),
+		// Requests carry the caller's context: the handler deadline bounds
+		// a revalidation. The client's own timeout is a backstop.
+		HTTPClient:    &http.Client{Timeout: 80 * time.Second},
+		LeveledLogger: leveledLogger{logger},
+	}
+	api := &client.API{}
+	api.Init(key, stripe.NewBackendsWithConfig(cfg))
+	return api
+}
+
+// leveledLogger adapts slog to stripe-go's logger interface.
+type leveledLogger struct{ l *slog.Logger }
+
+func (l leveledLogger) log(level slog.Level, format string, v ...any) {
+	if l.l != nil {
+		l.l.Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "stripe-go")
+	}
+}
+
+func (l leveledLogger) Debugf(format string, v ...any) { l.log(slog.LevelDebug, format, v...) }
+func (l leveledLogger) Infof(format string, v ...any)  { l.log(slog.LevelDebug, format, v...) }
+func (l leveledLogger) Warnf(format string, v ...any)  { l.log(slog.LevelWarn, format, v...) }
+func (l leveledLogger) Errorf(format string, v ...any) { l.log(slog.LevelError, format, v...) }
+
+// fetch is the store's way to settle an unordered subscription event: nil
+// without an API key.
+func (r *Receiver) fetch() entitlements.Fetch {
+	if r.api == nil {
+		return nil
+	}
+	return r.retrieveSubscription
+}
+
+// retrieveSubscription reads a subscription from Stripe and decodes the
+// answer with the same rules as a webhook's object (stripe-go's own type is
+// pinned to one API version).
+func (r *Receiver) retrieveSubscription(ctx context.Context, id string) (entitlements.Subscription, error) {
+	params := &stripe.SubscriptionParams{}
+	params.Context = ctx
+	sub, err := r.api.Subscriptions.Get(id, params)
+	if err != nil {
+		return entitlements.Subscription{}, fmt.Errorf("retrieve subscription %s: %w", id, err)
+	}
+	return DecodeSubscription(sub.LastResponse.RawJSON)
+}
+
+func (r *Receiver) featureLister() entitlements.ListFeatures {
+	if r.api == nil {
+		return nil
+	}
+	return r.listFeatures
+}
+
+// listFeatures reads every active entitlement of a customer, following
+// the list's pages.
+func (r *Receiver) listFeatures(ctx context.Context, customer string) ([]string, error) {
+	params := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String(customer)}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := r.api.EntitlementsActiveEntitlements.List(params)
+	var keys []string
+	for it.Next() {
+		keys = append(keys, it.EntitlementsActiveEntitlement().LookupKey)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list active entitlements of %s: %w", customer, err)
+	}
+	return keys, nil
+}

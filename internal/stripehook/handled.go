@@ -1,0 +1,203 @@
+package stripehook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/munchable/munchable-webhooks/internal/entitlements"
+)
+
+type applyFunc func(ctx context.Context) (entitlements.Result, error)
+
+// subscriptionEvent reads a customer.subscription.* event.
+func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
+	sub, err := DecodeSubscription(h.Data.Object)
+	if err != nil {
+		return nil, err
+	}
+	object, previous := h.Data.Object, h.Data.PreviousAttributes
+	ev := entitlements.Event{
+		ID:       h.ID,
+		Created:  at,
+		Creation: h.Type == "customer.subscription.created",
+		Before:   func() (entitlements.Subscription, error) { return before(object, previous) },
+	}
+	return func(ctx context.Context) (entitlements.Result, error) {
+		return r.store.Apply(ctx, sub, ev, r.fetch())
+	}, nil
+}
+
+// before is the subscription as it stood just before the event: its object
+// with data.previous_attributes laid over it. Stripe names there each
+// attribute the event changed, with its prior value; an array is given
+// whole, a hash (metadata) only by the keys that changed, a key that was
+// added being given as null or ""
+// (https://docs.stripe.com/api/events/object#event_object-data-previous_attributes).
+func before(object, previous json.RawMessage) (entitlements.Subscription, error) {
+	if len(previous) == 0 || string(previous) == "null" {
+		return DecodeSubscription(object)
+	}
+	var obj, prev map[string]json.RawMessage
+	if err := json.Unmarshal(object, &obj); err != nil {
+		return entitlements.Subscription{}, err
+	}
+	if err := json.Unmarshal(previous, &prev); err != nil {
+		return entitlements.Subscription{}, fmt.Errorf("previous_attributes: %w", err)
+	}
+	for k, v := range prev {
+		if k != "metadata" {
+			obj[k] = v
+			continue
+		}
+		var now, was map[string]*string
+		_ = json.Unmarshal(obj[k], &now)
+		if err := json.Unmarshal(v, &was); err != nil {
+			return entitlements.Subscription{}, fmt.Errorf("previous_attributes.metadata: %w", err)
+		}
+		if now == nil {
+			now = map[string]*string{}
+		}
+		for key, old := range was {
+			if old == nil || *old == "" {
+				delete(now, key)
+			} else {
+				now[key] = old
+			}
+		}
+		obj[k], _ = json.Marshal(now)
+	}
+	merged, err := json.Marshal(obj)
+	if err != nil {
+		return entitlements.Subscription{}, err
+	}
+	return DecodeSubscription(merged)
+}
+
+// summaryJSON is an Active Entitlement Summary
+// (https://docs.stripe.com/api/entitlements/active-entitlement-summary/object):
+// the customer and the list of features they may use, which like every
+// Stripe list may be cut short (has_more).
+type summaryJSON struct {
+	Customer     ref `json:"customer"`
+	Entitlements struct {
+		Data []struct {
+			LookupKey string `json:"lookup_key"`
+		} `json:"data"`
+		HasMore bool `json:"has_more"`
+	} `json:"entitlements"`
+}
+
+func (s summaryJSON) keys() []string {
+	keys := make([]string, 0, len(s.Entitlements.Data))
+	for _, e := range s.Entitlements.Data {
+		keys = append(keys, e.LookupKey)
+	}
+	return keys
+}
+
+// featuresEvent reads an entitlements.active_entitlement_summary.updated
+// event.
+func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
+	var s summaryJSON
+	if err := json.Unmarshal(h.Data.Object, &s); err != nil {
+		return nil, err
+	}
+	if s.Customer == "" {
+		return nil, fmt.Errorf("%w: customer", errMissing)
+	}
+	ev := entitlements.FeatureEvent{ID: h.ID, Created: at}
+	var prev struct {
+		Entitlements *struct {
+			Data []struct {
+				LookupKey string `json:"lookup_key"`
+			} `json:"data"`
+		} `json:"entitlements"`
+	}
+	if len(h.Data.PreviousAttributes) > 0 && json.Unmarshal(h.Data.PreviousAttributes, &prev) == nil && prev.Entitlements != nil {
+		ev.HasPrevious = true
+		for _, e := range prev.Entitlements.Data {
+			ev.Previous = append(ev.Previous, e.LookupKey)
+		}
+	}
+	customer, keys, truncated := string(s.Customer), s.keys(), s.Entitlements.HasMore
+	return func(ctx context.Context) (entitlements.Result, error) {
+		complete := !truncated
+		if truncated && r.api != nil {
+			full, err := r.listFeatures(ctx, customer)
+			if err != nil {
+				return entitlements.Result{}, err
+			}
+			keys, complete = full, true
+		}
+		if !complete {
+			r.truncated.Inc()
+		}
+		return r.store.ApplyFeatureEvent(ctx, customer, keys, complete, ev, r.featureLister())
+	}, nil
+}
+
+// sessionJSON is a Checkout Session
+// (https://docs.stripe.com/api/checkout/sessions/object).
+type sessionJSON struct {
+	ID                string  `json:"id"`
+	ClientReferenceID *string `json:"client_reference_id"`
+	Customer          ref     `json:"customer"`
+	CustomerAccount   string  `json:"customer_account"`
+	Subscription      ref     `json:"subscription"`
+	Mode              string  `json:"mode"`
+	Status            string  `json:"status"`
+	PaymentStatus     string  `json:"payment_status"`
+	// customer_email is what the integration prefilled; customer_details
+	// is what the customer entered, and is what Stripe keeps.
+	CustomerEmail   *string `json:"customer_email"`
+	CustomerDetails *struct {
+		Email *string `json:"email"`
+	} `json:"customer_details"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+// checkoutEvent reads a checkout.session.* event.
+func (r *Receiver) checkoutEvent(h head, at time.Time) (applyFunc, error) {
+	var s sessionJSON
+	if err := json.Unmarshal(h.Data.Object, &s); err != nil {
+		return nil, err
+	}
+	switch {
+	case s.ID == "":
+		return nil, fmt.Errorf("%w: id", errMissing)
+	case s.Mode == "":
+		return nil, fmt.Errorf("%w: mode", errMissing)
+	case s.Status == "":
+		return nil, fmt.Errorf("%w: status", errMissing)
+	}
+	cs := entitlements.CheckoutSession{
+		ID:             s.ID,
+		CustomerID:     string(s.Customer),
+		SubscriptionID: string(s.Subscription),
+		Mode:           s.Mode,
+		Status:         s.Status,
+		PaymentStatus:  s.PaymentStatus,
+		Metadata:       s.Metadata,
+	}
+	if cs.CustomerID == "" {
+		cs.CustomerID = s.CustomerAccount
+	}
+	if s.ClientReferenceID != nil {
+		cs.ClientReferenceID = *s.ClientReferenceID
+	}
+	switch {
+	case s.CustomerDetails != nil && s.CustomerDetails.Email != nil:
+		cs.CustomerEmail = *s.CustomerDetails.Email
+	case s.CustomerEmail != nil:
+		cs.CustomerEmail = *s.CustomerEmail
+	}
+	if cs.Metadata == nil {
+		cs.Metadata = map[string]string{}
+	}
+	id := h.ID
+	return func(ctx context.Context) (entitlements.Result, error) {
+		return r.store.ApplyCheckout(ctx, cs, id, at)
+	}, nil
+}
