@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,9 @@ var version = "dev"
 func main() {
 	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		if errors.Is(err, errStripeUsage) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
@@ -29,6 +33,7 @@ commands:
   send         sign a sample event and post it to the service (send -h)
   claims       show, release, mark done or list stuck claims in Redis (claims help)
   healthcheck  exit 0 when the service on LISTEN_ADDR answers /healthz
+  stripe       sync or replay Stripe's state through its API (stripe -h)
 
 Configuration comes from the environment; see README.md.`
 
@@ -53,6 +58,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return claims(ctx, args[2:], environ, stdout, stderr)
 	case "healthcheck":
 		return healthcheck(ctx, environ, stdout)
+	case "stripe":
+		return stripeCommand(ctx, args[2:], environ, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+	"github.com/stripe/stripe-go/v79/form"
+
+	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/stripehook"
+)
+
+const stripeUsage = `usage: munchable-webhooks stripe COMMAND [flags]
+
+Brings the database to Stripe's state through the Stripe API
+(STRIPE_API_KEY, STRIPE_API_URL, DATABASE_URL).
+
+commands:
+  sync                 store every subscription (status=all), then the active entitlements
+                       of each customer seen, as a snapshot taken when the listing began:
+                       a stored event newer than that is kept. Safe while the service
+                       runs, and to repeat. Progress on stderr, a summary on stdout
+  replay --since DURATION [--undelivered]
+                       run the events of the handled types created in the last DURATION
+                       (at most 720h, Stripe's 30 days), oldest first, through the claim
+                       flow exactly like webhook deliveries (same keys, REDIS_URL): an
+                       event already done is a duplicate. --undelivered asks only for
+                       events whose webhook delivery has not succeeded`
+
+// errStripeUsage marks a bad command line: usage went to stderr, and main
+// exits 2.
+var errStripeUsage = errors.New("usage")
+
+// replayWindow is how far back Stripe keeps events.
+const replayWindow = 30 * 24 * time.Hour
+
+// stripeArgs is a parsed stripe command line.
+type stripeArgs struct {
+	command     string // "sync" or "replay"; "" when only help was asked for
+	since       time.Duration
+	undelivered bool
+}
+
+// parseStripeArgs reads "stripe COMMAND [flags]". Help goes to stdout and
+// yields an empty command; a bad line prints usage to stderr and returns
+// errStripeUsage.
+func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error) {
+	bad := func(format string, a ...any) (stripeArgs, error) {
+		fmt.Fprintln(stderr, stripeUsage)
+		return stripeArgs{}, fmt.Errorf("stripe: %s: %w", fmt.Sprintf(format, a...), errStripeUsage)
+	}
+	if len(args) == 0 {
+		return bad("missing command")
+	}
+	var out stripeArgs
+	switch out.command = args[0]; out.command {
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, stripeUsage)
+		return stripeArgs{}, nil
+	case "sync", "replay":
+	default:
+		return bad("unknown command %q", out.command)
+	}
+	fs := flag.NewFlagSet("stripe "+out.command, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // usage is printed below, to the right stream
+	if out.command == "replay" {
+		fs.DurationVar(&out.since, "since", 0, "")
+		fs.BoolVar(&out.undelivered, "undelivered", false, "")
+	}
+	switch err := fs.Parse(args[1:]); {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintln(stdout, stripeUsage)
+		return stripeArgs{}, nil
+	case err != nil:
+		return bad("%v", err)
+	case fs.NArg() > 0:
+		return bad("unexpected argument %q", fs.Arg(0))
+	case out.command == "replay" && (out.since <= 0 || out.since > replayWindow):
+		return bad("--since %s: want a duration above 0 and at most 720h (Stripe keeps 30 days of events)", out.since)
+	}
+	return out, nil
+}
+
+// stripeConfig is what the stripe commands need: the database, the API,
+// and for replay the claims; none of the webhook secrets.
+type stripeConfig struct {
+	DatabaseURL            secret        `env:"DATABASE_URL"`
+	StripeAPIKey           secret        `env:"STRIPE_API_KEY"`
+	StripeAPIURL           string        `env:"STRIPE_API_URL" envDefault:"https://api.stripe.com"`
+	RedisURL               secret        `env:"REDIS_URL"`
+	RedisTimeout           time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
+	RedisKeyPrefix         string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
+	HandlerTimeout         time.Duration `env:"HANDLER_TIMEOUT" envDefault:"30s"`
+	ClaimProcessingTTL     time.Duration `env:"CLAIM_PROCESSING_TTL" envDefault:"120s"`
+	StripeDedupeTTL        time.Duration `env:"STRIPE_DEDUPE_TTL" envDefault:"72h"`
+	StripeClaimFailureMode string        `env:"STRIPE_CLAIM_FAILURE_MODE" envDefault:"open"`
+	PoisonAfter            int           `env:"POISON_AFTER" envDefault:"5"`
+	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
+
+	stripeAPIURL *url.URL
+	logLevel     slog.Level
+}
+
+func (c *stripeConfig) validate() []error {
+	var p []error
+	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
+	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
+		add("DATABASE_URL is required")
+	}
+	if strings.TrimSpace(string(c.StripeAPIKey)) == "" {
+		add("STRIPE_API_KEY is required: a restricted key that can read subscriptions, events, entitlements and checkout sessions")
+	}
+	var ok bool
+	if c.stripeAPIURL, ok = parseHTTPURL(c.StripeAPIURL); !ok {
+		add("STRIPE_API_URL is invalid: want an http(s) URL")
+	}
+	if c.HandlerTimeout <= 0 || c.ClaimProcessingTTL < 2*c.HandlerTimeout {
+		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s), which must be positive", c.ClaimProcessingTTL, c.HandlerTimeout)
+	}
+	var err error
+	if c.logLevel, err = parseLevel(c.LogLevel); err != nil {
+		add("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return p
+}
+
+// stripeCommand runs "munchable-webhooks stripe ...".
+func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	a, err := parseStripeArgs(args, stdout, stderr)
+	if err != nil || a.command == "" {
+		return err
+	}
+	cfg, err := parseEnv[stripeConfig](environ)
+	if err != nil {
+		return err
+	}
+	if a.command == "replay" && cfg.RedisURL == "" {
+		return errors.New("REDIS_URL is required for stripe replay: events run through the same claims as webhook deliveries")
+	}
+	logger := newLogger(stderr, cfg.logLevel)
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	api := stripehook.NewAPIWithLogger(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
+	store := entitlements.NewStore(pool, prometheus.NewRegistry())
+	start := time.Now()
+
+	if a.command == "sync" {
+		n, err := syncStripe(ctx, api, store, stderr)
+		fmt.Fprintf(stdout, "stripe sync: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
+		return err
+	}
+
+	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, logger)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	claims := claim.NewStore(rdb, claim.StoreConfig{
+		Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout, ProcessingTTL: cfg.ClaimProcessingTTL,
+	})
+	flow := claim.NewFlow(claims, claim.FlowConfig{
+		HandlerTimeout: cfg.HandlerTimeout, PoisonAfter: cfg.PoisonAfter, Logger: logger,
+	})
+	endpoint := flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode))
+	receiver := stripehook.New(stripehook.Config{Store: store, API: api, Logger: logger})
+	n, err := replayStripe(ctx, api, receiver, endpoint, logger, time.Now().Add(-a.since), a.undelivered)
+	fmt.Fprintf(stdout, "stripe replay: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
+	return err
+}
+
+// syncCounts is what a sync did; its String is the summary line.
+type syncCounts struct {
+	subscriptions, subscriptionsKept int // listed; of those, kept as stored (newer)
+	invalid                          int // listed but not decodable
+	customers, customersKept         int // whose entitlements were listed; kept as stored
+	skippedCustomers                 int // Accounts v2 (acct_): no active-entitlements list
+	requests                         int
+}
+
+func (n syncCounts) String() string {
+	return fmt.Sprintf("%d subscriptions (%d stored, %d kept newer, %d invalid), %d customers' entitlements (%d stored, %d kept newer, %d skipped), %d API requests",
+		n.subscriptions, n.subscriptions-n.subscriptionsKept-n.invalid, n.subscriptionsKept, n.invalid,
+		n.customers, n.customers-n.customersKept, n.customersKept, n.skippedCustomers, n.requests)
+}
+
+// syncStripe stores every subscription, then each customer's active
+// entitlements, as a snapshot taken when the listing began (Stripe's clock:
+// the first page's Date). The store keeps a stored event from that second
+// or later, so a webhook applied during the sync is never overwritten by
+// the older state a page carried; a second sync rewrites the same state.
+func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, progress io.Writer) (syncCounts, error) {
+	var n syncCounts
+	l := newLister(ctx, api)
+	defer func() { n.requests = l.requests }()
+
+	params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
+	params.Limit = stripe.Int64(100)
+	it := l.list("/v1/subscriptions", params)
+	subs := newProgress(progress, "subscriptions", 0)
+	seen := map[string]bool{}
+	var customers []string
+	for it.Next() {
+		o := it.Current().(*rawObject)
+		subs.step()
+		n.subscriptions++
+		sub, err := stripehook.DecodeSubscription(o.JSON)
+		if err != nil {
+			// One unreadable object should not stop the rest; the summary
+			// counts it and the exit status says so.
+			n.invalid++
+			fmt.Fprintf(progress, "stripe sync: subscription %s: %v\n", o.ID, err)
+			continue
+		}
+		res, err := store.ApplySnapshot(ctx, sub, l.takenAt)
+		if err != nil {
+			return n, fmt.Errorf("store subscription %s: %w", sub.ID, err)
+		}
+		if res.Stale {
+			n.subscriptionsKept++
+		}
+		if !seen[sub.CustomerID] {
+			seen[sub.CustomerID] = true
+			customers = append(customers, sub.CustomerID)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("list subscriptions: %w", err)
+	}
+
+	// Stripe lists active entitlements per customer only; an Accounts v2
+	// customer (acct_...) has no such list.
+	slices.Sort(customers)
+	features := newProgress(progress, "customers", len(customers))
+	snapshotID := fmt.Sprintf("stripe-sync-%d", l.takenAt.Unix())
+	for _, c := range customers {
+		features.step()
+		if !strings.HasPrefix(c, "cus_") {
+			n.skippedCustomers++
+			continue
+		}
+		keys, err := l.lookupKeys(c)
+		if err != nil {
+			return n, err
+		}
+		res, err := store.ApplyFeatures(ctx, c, keys, true, l.takenAt, snapshotID)
+		if err != nil {
+			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
+		}
+		n.customers++
+		if res.Stale {
+			n.customersKept++
+		}
+	}
+	if n.invalid > 0 {
+		return n, fmt.Errorf("%d subscriptions could not be read; the rest are stored", n.invalid)
+	}
+	return n, nil
+}
+
+// replayCounts is what a replay did; its String is the summary line.
+type replayCounts struct {
+	listed                                             int
+	processed, duplicate, stale, unordered, inProgress int
+	failed, ignored                                    int
+	requests                                           int
+}
+
+func (n replayCounts) String() string {
+	return fmt.Sprintf("%d events: %d processed, %d duplicate, %d stale, %d unordered, %d in progress, %d failed, %d ignored; %d API requests",
+		n.listed, n.processed, n.duplicate, n.stale, n.unordered, n.inProgress, n.failed, n.ignored, n.requests)
+}
+
+// replayStripe runs the handled events created since through the claim,
+// oldest first. Stripe lists newest first, so a first pass finds the oldest
+// event and a second walks from it towards the newest with ending_before
+// (stripe-go hands those pages over oldest first): two listings, and memory
+// for one page, however many events the window holds.
+func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, since time.Time, undelivered bool) (replayCounts, error) {
+	var n replayCounts
+	// replay runs one event through the claim exactly as a delivery would,
+	// with the same key. The body goes unfingerprinted (nil): the API
+	// renders an event in other bytes than the webhook did, and a
+	// fingerprint would report every duplicate as an id reused with
+	// another body.
+	replay := func(o *rawObject) {
+		n.listed++
+		var res entitlements.Result
+		ev, err := receiver.Event(o.JSON, func(r entitlements.Result) { res = r })
+		if err != nil {
+			n.failed++
+			logger.Error("replay: unreadable event", "event_id", o.ID, "err", err)
+			return
+		}
+		outcome, _ := ep.Process(ctx, nil, ev) // the flow logs each outcome
+		switch {
+		case outcome == claim.Processed && res.Stale:
+			n.stale++
+		case outcome == claim.Processed && res.Unordered:
+			n.unordered++
+		case outcome == claim.Processed:
+			n.processed++
+		case outcome == claim.Duplicate:
+			n.duplicate++
+		case outcome == claim.InProgress:
+			n.inProgress++
+		case outcome == claim.Ignored:
+			n.ignored++
+		default:
+			n.failed++
+		}
+	}
+	l := newLister(ctx, api)
+	defer func() { n.requests = l.requests }()
+	params := func() *stripe.EventListParams {
+		p := &stripe.EventListParams{
+			Types:        stripe.StringSlice(stripehook.HandledTypes()),
+			CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()},
+		}
+		if undelivered {
+			p.DeliverySuccess = stripe.Bool(false)
+		}
+		p.Limit = stripe.Int64(100)
+		return p
+	}
+
+	var oldest *rawObject
+	it := l.list("/v1/events", params())
+	for it.Next() {
+		oldest = it.Current().(*rawObject)
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("list events: %w", err)
+	}
+	if oldest == nil {
+		return n, nil
+	}
+	replay(oldest)
+	p := params()
+	p.EndingBefore = stripe.String(oldest.ID)
+	it = l.list("/v1/events", p)
+	for it.Next() {
+		replay(it.Current().(*rawObject))
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("list events after %s: %w", oldest.ID, err)
+	}
+	if n.failed > 0 {
+		return n, fmt.Errorf("%d events failed (logged above); replay again to retry them: done ones are duplicates", n.failed)
+	}
+	return n, nil
+}
+
+// rawObject is one object of a list page as Stripe sent it: the service
+// decodes it with its own rules, since stripe-go's types are pinned to one
+// API version.
+type rawObject struct {
+	ID   string
+	JSON []byte
+}
+
+func (o *rawObject) UnmarshalJSON(b []byte) error {
+	var head struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return err
+	}
+	o.ID, o.JSON = head.ID, slices.Clone(b)
+	return nil
+}
+
+type rawList struct {
+	stripe.APIResource
+	stripe.ListMeta
+	Data []*rawObject `json:"data"`
+}
+
+// lister pages through Stripe lists with stripe-go's iterator, counting
+// requests and noting Stripe's clock at the first answer.
+type lister struct {
+	ctx      context.Context
+	backend  stripe.Backend
+	key      string
+	requests int
+	takenAt  time.Time // the first answer's Date, to the second
+}
+
+func newLister(ctx context.Context, api *client.API) *lister {
+	return &lister{ctx: ctx, backend: api.Subscriptions.B, key: api.Subscriptions.Key}
+}
+
+// rateLimitRetries is how often a rate-limited page is asked again, after
+// 1, 2, 4, 8 and 16 s: stripe-go retries a 500 itself, but not a 429 that
+// is a rate limit (https://docs.stripe.com/rate-limits advises backing off).
+const rateLimitRetries = 5
+
+func (l *lister) list(path string, params stripe.ListParamsContainer) *stripe.Iter {
+	params.GetListParams().Context = l.ctx
+	return stripe.GetIter(params, func(p *stripe.Params, values *form.Values) ([]any, stripe.ListContainer, error) {
+		page := &rawList{}
+		err := l.call(path, p, values, page)
+		objs := make([]any, len(page.Data))
+		for i, o := range page.Data {
+			objs[i] = o
+		}
+		return objs, page, err
+	})
+}
+
+func (l *lister) call(path string, p *stripe.Params, values *form.Values, page *rawList) error {
+	for attempt := 0; ; attempt++ {
+		l.requests++
+		err := l.backend.CallRaw(http.MethodGet, path, l.key, values, p, page)
+		var serr *stripe.Error
+		if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusTooManyRequests || attempt == rateLimitRetries {
+			if err == nil && l.takenAt.IsZero() {
+				l.takenAt = stripeClock(page.LastResponse)
+			}
+			return err
+		}
+		select {
+		case <-l.ctx.Done():
+			return l.ctx.Err()
+		case <-time.After(time.Second << attempt):
+		}
+	}
+}
+
+// stripeClock is the Date of an answer from Stripe: the objects it lists
+// are at least that new. Without one, the local clock less a second.
+func stripeClock(resp *stripe.APIResponse) time.Time {
+	if resp != nil {
+		if t, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+			return t.UTC()
+		}
+	}
+	return time.Now().Add(-time.Second).Truncate(time.Second).UTC()
+}
+
+// lookupKeys lists a customer's active entitlements, every page.
+func (l *lister) lookupKeys(customer string) ([]string, error) {
+	params := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String(customer)}
+	params.Limit = stripe.Int64(100)
+	it := l.list("/v1/entitlements/active_entitlements", params)
+	var keys []string
+	for it.Next() {
+		var ent struct {
+			LookupKey string `json:"lookup_key"`
+		}
+		if err := json.Unmarshal(it.Current().(*rawObject).JSON, &ent); err != nil {
+			return nil, fmt.Errorf("active entitlement of %s: %w", customer, err)
+		}
+		keys = append(keys, ent.LookupKey)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list active entitlements of %s: %w", customer, err)
+	}
+	return keys, nil
+}
+
+// progress writes "done/total (rate/s)" to w at most once a second.
+type progress struct {
+	w           io.Writer
+	what        string
+	done, total int
+	start, last time.Time
+}
+
+func newProgress(w io.Writer, what string, total int) *progress {
+	now := time.Now()
+	return &progress{w: w, what: what, total: total, start: now, last: now}
+}
+
+func (p *progress) step() {
+	p.done++
+	now := time.Now()
+	if now.Sub(p.last) < time.Second {
+		return
+	}
+	p.last = now
+	total := "?" // Stripe's lists do not say how long they are
+	if p.total > 0 {
+		total = fmt.Sprint(p.total)
+	}
+	fmt.Fprintf(p.w, "stripe sync: %s %d/%s (%.0f/s)\n", p.what, p.done, total, float64(p.done)/now.Sub(p.start).Seconds())
+}

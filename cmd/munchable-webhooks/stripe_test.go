@@ -1,0 +1,389 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/stripetest"
+)
+
+// stripeRig is a fake Stripe API, a database the service serves from,
+// and the environment of the stripe commands against both.
+type stripeRig struct {
+	api  *stripetest.API
+	fx   stripetest.Fixtures
+	svc  *service
+	pool *pgxpool.Pool
+	env  map[string]string
+}
+
+func newStripeRig(t *testing.T) *stripeRig {
+	t.Helper()
+	api := stripetest.New(t)
+	svc := startService(t, nil)
+	pool, err := pgxpool.New(context.Background(), svc.databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &stripeRig{
+		api: api, fx: stripetest.LoadFixtures(t), svc: svc, pool: pool,
+		env: map[string]string{
+			"DATABASE_URL":     svc.databaseURL,
+			"STRIPE_API_KEY":   stripetest.Key,
+			"STRIPE_API_URL":   api.URL().String(),
+			"REDIS_URL":        dbtest.RedisURL(t),
+			"REDIS_KEY_PREFIX": svc.prefix, // the service's claims
+			"LOG_LEVEL":        "warn",
+		},
+	}
+}
+
+// stripe runs "munchable-webhooks stripe args..." in-process.
+func (r *stripeRig) stripe(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = run(t.Context(), append([]string{"munchable-webhooks", "stripe"}, args...), environ(r.env), &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// deliver posts a signed event to the running service, as Stripe would.
+func (r *stripeRig) deliver(t *testing.T, event []byte) {
+	t.Helper()
+	if resp := r.svc.postStripe(t, event); resp.StatusCode != http.StatusOK {
+		t.Fatalf("webhook delivery: %d", resp.StatusCode)
+	}
+}
+
+type row struct {
+	Status, PriceID, LastEventID string
+	CancelAtPeriodEnd            bool
+}
+
+func (r *stripeRig) rows(t *testing.T) map[string]row {
+	t.Helper()
+	const q = `SELECT stripe_subscription_id, status, coalesce(price_id, ''), last_event_id, cancel_at_period_end FROM entitlements`
+	rows, err := r.pool.Query(t.Context(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]row{}
+	for rows.Next() {
+		var id string
+		var x row
+		if err := rows.Scan(&id, &x.Status, &x.PriceID, &x.LastEventID, &x.CancelAtPeriodEnd); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = x
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (r *stripeRig) features(t *testing.T) map[string][]string {
+	t.Helper()
+	const q = `SELECT stripe_customer_id, lookup_keys FROM customer_features`
+	rows, err := r.pool.Query(t.Context(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var c string
+		var keys []string
+		if err := rows.Scan(&c, &keys); err != nil {
+			t.Fatal(err)
+		}
+		out[c] = keys
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestStripeSync lists three pages of subscriptions, a fifth of them
+// canceled (which Stripe's default list leaves out), while a webhook
+// changes one subscription that the first page already carried: the
+// webhook's newer state must survive the snapshot, every other row must be
+// Stripe's, and a second sync must change nothing.
+func TestStripeSync(t *testing.T) {
+	t.Parallel()
+	r := newStripeRig(t)
+	base := time.Now().Add(-24 * time.Hour).Unix()
+	want := map[string]row{}
+	wantFeatures := map[string][]string{}
+	sub := func(i int, status, price string) stripetest.Subscription {
+		return stripetest.Subscription{
+			ID: fmt.Sprintf("sub_sync%03d", i), Customer: fmt.Sprintf("cus_sync%03d", i), Status: status,
+			PriceID: price, Created: base + int64(i), PeriodEnd: base + 30*86400,
+		}
+	}
+	for i := range 250 {
+		status := "active"
+		if i%5 == 0 {
+			status = "canceled"
+		}
+		s := sub(i, status, "price_basic")
+		r.api.PutSubscription(r.fx.Subscription(s))
+		want[s.ID] = row{Status: status, PriceID: "price_basic"}
+		if i%2 == 0 {
+			r.api.SetActiveEntitlements(s.Customer, r.fx.ActiveEntitlement(fmt.Sprintf("ent_%d", i), "feat_recipes", "recipes"))
+			wantFeatures[s.Customer] = []string{"recipes"}
+		} else {
+			wantFeatures[s.Customer] = []string{}
+		}
+	}
+
+	// Stripe lists newest first: sub_sync101 is on the second page. Just
+	// before that page is served it is upgraded and the webhook for that
+	// lands, while the page still carries the state from before (the page
+	// was read a moment before the change): the stored event is newer
+	// than the snapshot and must be kept. The API shows the upgrade from
+	// the next request on.
+	upgraded := sub(101, "active", "price_pro")
+	upgradedAt := time.Now().Unix()
+	r.api.OnCall(func(route string, n int) {
+		switch {
+		case route == stripetest.ListSubscriptions && n == 2:
+			r.deliver(t, r.fx.Event("evt_upgrade", "customer.subscription.updated", upgradedAt, r.fx.Subscription(upgraded),
+				map[string]any{"items": map[string]any{}}))
+		case route == stripetest.ListSubscriptions && n == 3:
+			r.api.PutSubscription(r.fx.Subscription(upgraded))
+		}
+	})
+	want[upgraded.ID] = row{Status: "active", PriceID: "price_pro", LastEventID: "evt_upgrade"}
+
+	stdout, stderr, err := r.stripe(t, "sync")
+	if err != nil {
+		t.Fatalf("stripe sync: %v\n%s", err, stderr)
+	}
+	if got := r.api.Calls(stripetest.ListSubscriptions); got != 3 {
+		t.Errorf("subscription pages requested = %d, want 3", got)
+	}
+	if !strings.Contains(stdout, "250 subscriptions (249 stored, 1 kept newer, 0 invalid)") ||
+		!strings.Contains(stdout, "250 customers' entitlements (250 stored") || strings.Count(stdout, "\n") != 1 {
+		t.Errorf("summary = %q, want one line: 250 subscriptions, 249 stored, the upgraded one kept", stdout)
+	}
+	check := func(when string) {
+		got := r.rows(t)
+		for id, w := range want {
+			g, ok := got[id]
+			if !ok {
+				t.Errorf("%s: %s not stored", when, id)
+				continue
+			}
+			if w.LastEventID == "" {
+				g.LastEventID = "" // a snapshot's own marker
+			}
+			g.CancelAtPeriodEnd = false
+			if g != w {
+				t.Errorf("%s: %s = %+v, want %+v", when, id, g, w)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: %d rows, want %d", when, len(got), len(want))
+		}
+		if diff := cmp.Diff(wantFeatures, r.features(t)); diff != "" {
+			t.Errorf("%s: customer features (-want +got):\n%s", when, diff)
+		}
+	}
+	check("after the first sync")
+
+	// Again, with nothing changed at Stripe, from a later second than the
+	// upgrade's event: the same state, the upgraded subscription now
+	// stored from the API.
+	r.api.OnCall(nil)
+	time.Sleep(time.Until(time.Unix(upgradedAt+1, 0)))
+	want[upgraded.ID] = row{Status: "active", PriceID: "price_pro"}
+	if stdout, stderr, err = r.stripe(t, "sync"); err != nil {
+		t.Fatalf("second stripe sync: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(stdout, "250 subscriptions (250 stored, 0 kept newer") {
+		t.Errorf("second summary = %q", stdout)
+	}
+	check("after the second sync")
+}
+
+// TestStripeReplay replays 50 events of which 20 were already delivered
+// by webhook: those are duplicates and run nothing (their rows keep their
+// updated_at), the other 30 are processed; a second replay, of the
+// undelivered ones only, finds every one done.
+func TestStripeReplay(t *testing.T) {
+	t.Parallel()
+	r := newStripeRig(t)
+	base := time.Now().Add(-2 * time.Hour).Unix()
+	for i := range 25 {
+		s := stripetest.Subscription{
+			ID: fmt.Sprintf("sub_replay%02d", i), Customer: fmt.Sprintf("cus_replay%02d", i), Status: "active",
+			PriceID: "price_basic", Created: base + int64(10*i), PeriodEnd: base + 30*86400,
+		}
+		created := r.fx.Event(fmt.Sprintf("evt_created%02d", i), "customer.subscription.created", s.Created, r.fx.Subscription(s), nil)
+		s.PriceID, s.CancelAtPeriodEnd = "price_pro", true
+		updated := r.fx.Event(fmt.Sprintf("evt_updated%02d", i), "customer.subscription.updated", s.Created+5, r.fx.Subscription(s),
+			map[string]any{"cancel_at_period_end": false})
+		delivered := i < 10
+		if delivered {
+			r.deliver(t, created)
+			r.deliver(t, updated)
+		}
+		r.api.AddEvent(created, delivered)
+		r.api.AddEvent(updated, delivered)
+		r.api.AddEvent(r.fx.Event(fmt.Sprintf("evt_charge%02d", i), "charge.succeeded", s.Created, []byte(`{"id":"ch_1"}`), nil), false)
+	}
+	r.api.AddEvent(r.fx.Event("evt_too_old", "customer.subscription.created", base-48*3600,
+		r.fx.Subscription(stripetest.Subscription{ID: "sub_old", Customer: "cus_old", Status: "active"}), nil), false)
+	before := updatedAt(t, r.pool)
+
+	stdout, stderr, err := r.stripe(t, "replay", "--since", "24h")
+	if err != nil {
+		t.Fatalf("stripe replay: %v\n%s", err, stderr)
+	}
+	if want := "50 events: 30 processed, 20 duplicate, 0 stale, 0 unordered, 0 in progress, 0 failed, 0 ignored"; !strings.Contains(stdout, want) || strings.Count(stdout, "\n") != 1 {
+		t.Errorf("summary = %q, want one line with %q", stdout, want)
+	}
+	after := updatedAt(t, r.pool)
+	for id, at := range before {
+		if !after[id].Equal(at) {
+			t.Errorf("%s was written again (updated_at %s, then %s): a delivered event was applied twice", id, at, after[id])
+		}
+	}
+	rows := r.rows(t)
+	if len(rows) != 25 {
+		t.Errorf("%d subscriptions stored, want 25 (not the one outside --since)", len(rows))
+	}
+	for id, g := range rows {
+		want := row{Status: "active", PriceID: "price_pro", LastEventID: "evt_updated" + strings.TrimPrefix(id, "sub_replay"), CancelAtPeriodEnd: true}
+		if g != want {
+			t.Errorf("%s = %+v, want %+v (the later event, replayed oldest first)", id, g, want)
+		}
+	}
+
+	stdout, stderr, err = r.stripe(t, "replay", "--since", "24h", "--undelivered")
+	if err != nil {
+		t.Fatalf("second stripe replay: %v\n%s", err, stderr)
+	}
+	if want := "30 events: 0 processed, 30 duplicate"; !strings.Contains(stdout, want) {
+		t.Errorf("second summary = %q, want %q", stdout, want)
+	}
+}
+
+func updatedAt(t *testing.T, pool *pgxpool.Pool) map[string]time.Time {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT stripe_subscription_id, updated_at FROM entitlements`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = at
+	}
+	return out
+}
+
+// TestStripeAPIFailures: a 500 is retried by stripe-go and a 429 rate
+// limit by the lister, so one of each costs a request and no failure; an
+// API that keeps failing fails the command, naming the listing.
+func TestStripeAPIFailures(t *testing.T) {
+	t.Parallel()
+	r := newStripeRig(t)
+	for i := range 3 {
+		r.api.PutSubscription(r.fx.Subscription(stripetest.Subscription{
+			ID: fmt.Sprintf("sub_f%d", i), Customer: fmt.Sprintf("cus_f%d", i), Status: "active", PriceID: "price_basic", Created: 1700000000,
+		}))
+	}
+	tests := []struct {
+		name      string
+		status, n int
+		wantErr   string
+		wantCalls int // 1 subscription page and 3 entitlement lists, plus the failed answers
+	}{
+		{"a 500", http.StatusInternalServerError, 1, "", 5},
+		{"a 429", http.StatusTooManyRequests, 1, "", 5},
+		{"500s past stripe-go's retries", http.StatusInternalServerError, 3, "list subscriptions", 3},
+	}
+	for _, tt := range tests {
+		before := r.api.TotalCalls()
+		r.api.FailNext(tt.n, tt.status)
+		_, stderr, err := r.stripe(t, "sync")
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%s: sync failed: %v\n%s", tt.name, err, stderr)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%s: err = %v, want one naming %q", tt.name, err, tt.wantErr)
+		}
+		if got := r.api.TotalCalls() - before; got != tt.wantCalls {
+			t.Errorf("%s: %d requests, want %d", tt.name, got, tt.wantCalls)
+		}
+	}
+	if got := len(r.rows(t)); got != 3 {
+		t.Errorf("%d rows, want 3", got)
+	}
+}
+
+func TestStripeCommandLine(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/none", "STRIPE_API_KEY": stripetest.Key}
+	tests := []struct {
+		args    []string
+		env     map[string]string
+		usage   string // "stdout", "stderr" or "" (none)
+		wantErr string // "" for success
+	}{
+		{[]string{"-h"}, nil, "stdout", ""},
+		{[]string{"--help"}, nil, "stdout", ""},
+		{[]string{"sync", "-h"}, nil, "stdout", ""},
+		{[]string{"replay", "--help"}, nil, "stdout", ""},
+		{nil, nil, "stderr", "missing command"},
+		{[]string{"frobnicate"}, nil, "stderr", "unknown command"},
+		{[]string{"sync", "--since", "1h"}, nil, "stderr", "not defined"},
+		{[]string{"replay"}, nil, "stderr", "--since"},
+		{[]string{"replay", "--since", "721h"}, nil, "stderr", "at most 720h"},
+		{[]string{"replay", "--since", "1h", "extra"}, nil, "stderr", "unexpected argument"},
+		{[]string{"sync"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "", "STRIPE_API_KEY is required"},
+		{[]string{"replay", "--since", "1h"}, env, "", "REDIS_URL is required"},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		err := run(t.Context(), append([]string{"munchable-webhooks", "stripe"}, tt.args...), environ(tt.env), &stdout, &stderr)
+		name := strings.Join(tt.args, " ")
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("stripe %s: %v", name, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("stripe %s: err = %v, want one with %q", name, err, tt.wantErr)
+		}
+		if usage := tt.usage == "stderr"; usage != errors.Is(err, errStripeUsage) {
+			t.Errorf("stripe %s: err = %v, usage error (exit 2) %v", name, err, usage)
+		}
+		out := map[string]string{"stdout": stdout.String(), "stderr": stderr.String()}
+		for stream, text := range out {
+			if has := strings.Contains(text, "usage: munchable-webhooks stripe"); has != (stream == tt.usage) {
+				t.Errorf("stripe %s: usage on %s = %v, want it on %q only", name, stream, has, tt.usage)
+			}
+		}
+		if tt.usage == "stdout" && stderr.Len() > 0 {
+			t.Errorf("stripe %s: help wrote to stderr: %q", name, stderr.String())
+		}
+	}
+}
