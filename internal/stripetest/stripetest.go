@@ -50,7 +50,7 @@ type object struct {
 	Created   int64  `json:"created"`
 	Status    string `json:"status"` // subscriptions
 	Type      string `json:"type"`   // events
-	delivered bool                    // events: every webhook delivery succeeded
+	delivered bool   // events: every webhook delivery succeeded
 	raw       json.RawMessage
 }
 
