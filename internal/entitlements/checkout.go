@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -12,14 +13,59 @@ type CheckoutSession struct {
 	CustomerID        string
 	SubscriptionID    string
 	Mode              string
-	Status            string
-	PaymentStatus     string
+	Status            string // open, complete, expired
+	PaymentStatus     string // paid, unpaid, no_payment_required
 	CustomerEmail     string
 	Metadata          map[string]string
 }
 
+// checkoutSQL upserts a session. complete and expired are terminal for
+// status (https://docs.stripe.com/api/checkout/sessions/object#checkout_session_object-status):
+// once stored, a later event cannot change it, while a newer event still
+// moves payment_status (checkout.session.async_payment_succeeded turns a
+// complete, unpaid session paid). A same-second event is admitted only
+// when it moves the session forward: open to complete or expired, or
+// unpaid to paid. Ids an event leaves null keep what an earlier one said.
+const checkoutSQL = `
+INSERT INTO checkout_sessions AS c (stripe_checkout_session_id,
+    client_reference_id, stripe_customer_id, stripe_subscription_id, mode,
+    status, payment_status, customer_email, metadata, last_event_id,
+    last_event_created, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
+ON CONFLICT (stripe_checkout_session_id) DO UPDATE SET
+    client_reference_id    = coalesce(EXCLUDED.client_reference_id, c.client_reference_id),
+    stripe_customer_id     = coalesce(EXCLUDED.stripe_customer_id, c.stripe_customer_id),
+    stripe_subscription_id = coalesce(EXCLUDED.stripe_subscription_id, c.stripe_subscription_id),
+    mode                   = EXCLUDED.mode,
+    status                 = CASE WHEN c.status IN ('complete', 'expired') THEN c.status ELSE EXCLUDED.status END,
+    payment_status         = EXCLUDED.payment_status,
+    customer_email         = coalesce(EXCLUDED.customer_email, c.customer_email),
+    metadata               = EXCLUDED.metadata,
+    last_event_id          = EXCLUDED.last_event_id,
+    last_event_created     = EXCLUDED.last_event_created,
+    updated_at             = EXCLUDED.updated_at
+WHERE c.last_event_id = EXCLUDED.last_event_id
+   OR c.last_event_created < EXCLUDED.last_event_created
+   OR (c.last_event_created = EXCLUDED.last_event_created
+       AND ((c.status = 'open' AND EXCLUDED.status <> 'open')
+            OR (c.payment_status = 'unpaid' AND EXCLUDED.payment_status IN ('paid', 'no_payment_required'))))`
+
 // ApplyCheckout upserts the session as reported by the event eventID
 // created at created.
 func (s *Store) ApplyCheckout(ctx context.Context, cs CheckoutSession, eventID string, created time.Time) (Result, error) {
-	return Result{}, errTODO
+	metadata, err := metadataJSON(cs.Metadata)
+	if err != nil {
+		return Result{}, err
+	}
+	tag, err := s.pool.Exec(ctx, checkoutSQL, cs.ID, nullString(cs.ClientReferenceID),
+		nullString(cs.CustomerID), nullString(cs.SubscriptionID), cs.Mode, cs.Status,
+		nullString(cs.PaymentStatus), nullString(cs.CustomerEmail), metadata, eventID, created)
+	if err != nil {
+		return Result{}, fmt.Errorf("write checkout session %s from %s: %w", cs.ID, eventID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		s.stale.Inc()
+		return Result{Stale: true}, nil
+	}
+	return Result{Applied: true}, nil
 }

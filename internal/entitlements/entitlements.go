@@ -6,9 +6,12 @@ package entitlements
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -50,18 +53,346 @@ func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 	return &Store{pool: pool, stale: stale, unordered: unordered}
 }
 
-var errTODO = errors.New("not implemented yet")
+// applySQL writes a subscription and its items in one statement, so that a
+// first delivery is one round trip and no concurrent delivery can slip
+// between a read and a write. The row is replaced only when
+//   - the incoming event is the one that wrote it (a replay rewrites the
+//     same state); or
+//   - the stored status is not terminal (Stripe never revives a canceled
+//     or incomplete_expired subscription), and the event is strictly newer
+//     or, after the same-second rule judged it under a row lock, $9 names
+//     the stored event it succeeds.
+//
+// The item set is replaced only when the row is (gone and put run only if
+// up returned a row). gone and put touch disjoint rows, since all parts of
+// one statement see the same snapshot and their order is not defined. The
+// last SELECT reads that snapshot: the row as it was before this statement,
+// which tells a stale event from a same-second one.
+const applySQL = `
+WITH up AS (
+    INSERT INTO entitlements AS e (
+        stripe_subscription_id, stripe_customer_id, status, price_id,
+        current_period_end, cancel_at_period_end, last_event_id,
+        last_event_created, updated_at, cancel_at, canceled_at, ended_at,
+        trial_start, trial_end, pause_collection, access_ends_at, livemode,
+        metadata)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $10, $11, $12, $13, $14,
+        $15, $16, $17, $18)
+    ON CONFLICT (stripe_subscription_id) DO UPDATE SET
+        stripe_customer_id   = EXCLUDED.stripe_customer_id,
+        status               = EXCLUDED.status,
+        price_id             = EXCLUDED.price_id,
+        current_period_end   = EXCLUDED.current_period_end,
+        cancel_at_period_end = EXCLUDED.cancel_at_period_end,
+        last_event_id        = EXCLUDED.last_event_id,
+        last_event_created   = EXCLUDED.last_event_created,
+        updated_at           = EXCLUDED.updated_at,
+        cancel_at            = EXCLUDED.cancel_at,
+        canceled_at          = EXCLUDED.canceled_at,
+        ended_at             = EXCLUDED.ended_at,
+        trial_start          = EXCLUDED.trial_start,
+        trial_end            = EXCLUDED.trial_end,
+        pause_collection     = EXCLUDED.pause_collection,
+        access_ends_at       = EXCLUDED.access_ends_at,
+        livemode             = EXCLUDED.livemode,
+        metadata             = EXCLUDED.metadata
+    WHERE e.last_event_id = EXCLUDED.last_event_id
+       OR (e.status NOT IN ('canceled', 'incomplete_expired')
+           AND (e.last_event_created < EXCLUDED.last_event_created
+                OR e.last_event_id = $9::text))
+    RETURNING 1
+), gone AS (
+    DELETE FROM entitlement_items
+    WHERE stripe_subscription_id = $1 AND EXISTS (SELECT FROM up)
+      AND stripe_item_id <> ALL ($19::text[])
+), put AS (
+    INSERT INTO entitlement_items (
+        stripe_subscription_id, stripe_item_id, price_id, product_id,
+        price_lookup_key, quantity, current_period_start, current_period_end,
+        position)
+    SELECT $1, i.id, i.price, i.product, i.lookup_key, i.quantity, i.period_start,
+        i.period_end, i.position
+    FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
+        $24::timestamptz[], $25::timestamptz[])
+        WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
+            period_start, period_end, position)
+    WHERE EXISTS (SELECT FROM up)
+    ON CONFLICT (stripe_subscription_id, stripe_item_id) DO UPDATE SET
+        price_id             = EXCLUDED.price_id,
+        product_id           = EXCLUDED.product_id,
+        price_lookup_key     = EXCLUDED.price_lookup_key,
+        quantity             = EXCLUDED.quantity,
+        current_period_start = EXCLUDED.current_period_start,
+        current_period_end   = EXCLUDED.current_period_end,
+        position             = EXCLUDED.position
+)
+SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created, s.status
+FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1`
+
+// querier is a pool or a transaction: the fast path runs applySQL on the
+// pool, the same-second path inside its transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// written is what applySQL reports: whether it wrote, and the row it found.
+type written struct {
+	applied       bool
+	storedID      *string
+	storedCreated *time.Time
+	storedStatus  *string
+}
+
+// write runs applySQL. successorOf is the stored event the same-second
+// rule found this event to succeed ("" on the fast path).
+func write(ctx context.Context, q querier, sub Subscription, eventID string, created time.Time, successorOf string) (written, error) {
+	metadata, err := metadataJSON(sub.Metadata)
+	if err != nil {
+		return written{}, err
+	}
+	n := len(sub.Items)
+	ids, prices := make([]string, n), make([]string, n)
+	products, lookupKeys := make([]*string, n), make([]*string, n)
+	quantities := make([]*int64, n)
+	starts, ends := make([]*time.Time, n), make([]*time.Time, n)
+	for i, it := range sub.Items {
+		ids[i], prices[i] = it.ID, it.PriceID
+		products[i], lookupKeys[i] = nullString(it.ProductID), nullString(it.PriceLookupKey)
+		quantities[i] = it.Quantity
+		starts[i], ends[i] = nullTime(it.CurrentPeriodStart), nullTime(it.CurrentPeriodEnd)
+	}
+	var w written
+	err = q.QueryRow(ctx, applySQL,
+		sub.ID, sub.CustomerID, sub.Status, nullString(sub.PriceID),
+		nullTime(sub.CurrentPeriodEnd), sub.CancelAtPeriodEnd, eventID, created,
+		nullString(successorOf), nullTime(sub.CancelAt), nullTime(sub.CanceledAt),
+		nullTime(sub.EndedAt), nullTime(sub.TrialStart), nullTime(sub.TrialEnd),
+		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
+		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
+	).Scan(&w.applied, &w.storedID, &w.storedCreated, &w.storedStatus)
+	if err != nil {
+		return written{}, fmt.Errorf("write subscription %s from %s: %w", sub.ID, eventID, err)
+	}
+	return w, nil
+}
+
+func terminal(status string) bool {
+	return status == "canceled" || status == "incomplete_expired"
+}
 
 // Apply stores sub as reported by ev, unless the guard refuses it. fetch,
 // when not nil, settles an unordered same-second event by reading the
 // subscription from Stripe; nil keeps the stored row and counts it.
+//
+// A strictly newer or strictly older event (the common case) is one
+// statement. A same-second event, or one that raced another delivery, is
+// judged again under the row's lock (applyTie).
 func (s *Store) Apply(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
-	return Result{}, errTODO
+	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "")
+	if err != nil {
+		return Result{}, err
+	}
+	if w.applied {
+		return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	if w.storedCreated != nil && (w.storedCreated.After(ev.Created) || terminal(deref(w.storedStatus))) {
+		s.stale.Inc()
+		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	return s.applyTie(ctx, sub, ev, fetch)
+}
+
+// readSQL reads a stored subscription and locks its row: a same-second
+// event is judged, and a revalidation fetched and written, while no other
+// delivery for the subscription can write it. So two revalidations commit
+// in the order they read from Stripe.
+const readSQL = `
+SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
+    cancel_at_period_end, cancel_at, canceled_at, ended_at, trial_start,
+    trial_end, coalesce(pause_collection, ''), coalesce(livemode, false),
+    metadata, last_event_id, last_event_created,
+    coalesce((SELECT json_agg(json_build_object(
+        'id', i.stripe_item_id, 'price', i.price_id, 'product', i.product_id,
+        'lookup_key', i.price_lookup_key, 'quantity', i.quantity,
+        'start', extract(epoch FROM i.current_period_start)::bigint,
+        'end', extract(epoch FROM i.current_period_end)::bigint)
+        ORDER BY i.position)
+        FROM entitlement_items i WHERE i.stripe_subscription_id = e.stripe_subscription_id), '[]')
+FROM entitlements e WHERE stripe_subscription_id = $1
+FOR UPDATE`
+
+type storedItem struct {
+	ID        string  `json:"id"`
+	Price     string  `json:"price"`
+	Product   *string `json:"product"`
+	LookupKey *string `json:"lookup_key"`
+	Quantity  *int64  `json:"quantity"`
+	Start     *int64  `json:"start"`
+	End       *int64  `json:"end"`
+}
+
+// stored is a row as read back, with the event that wrote it.
+type stored struct {
+	sub     Subscription
+	eventID string
+	created time.Time
+}
+
+func read(ctx context.Context, tx pgx.Tx, id string) (stored, bool, error) {
+	var (
+		st                                                     stored
+		periodEnd, cancelAt, canceledAt, endedAt, tStart, tEnd *time.Time
+		items                                                  []storedItem
+	)
+	st.sub.ID = id
+	err := tx.QueryRow(ctx, readSQL, id).Scan(&st.sub.CustomerID, &st.sub.Status,
+		&st.sub.PriceID, &periodEnd, &st.sub.CancelAtPeriodEnd, &cancelAt,
+		&canceledAt, &endedAt, &tStart, &tEnd, &st.sub.PauseCollection,
+		&st.sub.Livemode, &st.sub.Metadata, &st.eventID, &st.created, &items)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return stored{}, false, nil
+	}
+	if err != nil {
+		return stored{}, false, fmt.Errorf("read subscription %s: %w", id, err)
+	}
+	st.sub.CurrentPeriodEnd, st.sub.CancelAt, st.sub.CanceledAt = value(periodEnd), value(cancelAt), value(canceledAt)
+	st.sub.EndedAt, st.sub.TrialStart, st.sub.TrialEnd = value(endedAt), value(tStart), value(tEnd)
+	if st.sub.Metadata == nil {
+		st.sub.Metadata = map[string]string{}
+	}
+	st.sub.Items = make([]Item, len(items))
+	for i, it := range items {
+		st.sub.Items[i] = Item{ID: it.ID, PriceID: it.Price, ProductID: deref(it.Product),
+			PriceLookupKey: deref(it.LookupKey), Quantity: it.Quantity,
+			CurrentPeriodStart: unix(it.Start), CurrentPeriodEnd: unix(it.End)}
+	}
+	return st, true, nil
+}
+
+// applyTie settles an event the one statement could not: a same-second
+// one, or one that raced another delivery of the same subscription.
+func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (res Result, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	st, found, err := read(ctx, tx, sub.ID)
+	if err != nil {
+		return Result{}, err
+	}
+	var v verdict
+	var differs []Field
+	if !found {
+		// Deleted in between (nothing here deletes rows): write as new.
+		v = admit
+	} else {
+		v, differs, err = judge(st, sub, ev)
+		if err != nil {
+			return Result{}, err
+		}
+	}
+	res = Result{StoredEventID: st.eventID, Differs: differs}
+	switch v {
+	case same:
+		res.Applied = true
+	case stale:
+		s.stale.Inc()
+		res.Stale = true
+	case admit:
+		if _, err := write(ctx, tx, sub, ev.ID, ev.Created, st.eventID); err != nil {
+			return Result{}, err
+		}
+		res.Applied = true
+	case unordered:
+		if fetch == nil {
+			s.unordered.Inc()
+			res.Unordered = true
+			break
+		}
+		fetched, err := fetch(ctx, sub.ID)
+		if err != nil {
+			return Result{}, fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
+		}
+		if _, err := write(ctx, tx, fetched, ev.ID, ev.Created, st.eventID); err != nil {
+			return Result{}, err
+		}
+		res.Revalidated = true
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
+	}
+	return res, nil
+}
+
+// snapshotID is the last_event_id of a row written by a snapshot: no
+// event wrote it, and the time says which listing did.
+func snapshotID(takenAt time.Time) string {
+	return "snapshot:" + takenAt.UTC().Format(time.RFC3339)
 }
 
 // ApplySnapshot stores sub as read from Stripe's API by a listing that
-// began at takenAt. A stored event from takenAt's second or later is kept:
-// it may postdate the read, while anything older is in the snapshot.
+// began at takenAt (stripe sync). The tie rule: the snapshot stands for
+// takenAt's whole second, truncated; a stored event from that second or
+// later is kept, since it may postdate the read, while anything older is
+// in the snapshot. The row then records the snapshot as its event, so a
+// webhook from the same second meets the same-second rule against it.
 func (s *Store) ApplySnapshot(ctx context.Context, sub Subscription, takenAt time.Time) (Result, error) {
-	return Result{}, errTODO
+	at := takenAt.UTC().Truncate(time.Second)
+	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "")
+	if err != nil {
+		return Result{}, err
+	}
+	if !w.applied {
+		s.stale.Inc()
+		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+}
+
+// metadataJSON is the stored form of metadata: an object, never null.
+func metadataJSON(m map[string]string) ([]byte, error) {
+	if m == nil {
+		return []byte("{}"), nil
+	}
+	return json.Marshal(m)
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func value(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func unix(v *int64) time.Time {
+	if v == nil {
+		return time.Time{}
+	}
+	return time.Unix(*v, 0).UTC()
 }

@@ -13,13 +13,18 @@ import (
 // The guarded upsert against a real Postgres (TEST_DATABASE_URL; skipped
 // without it, like the tests). One op is one statement, one round trip.
 
-func benchEntitlement(sub string) Entitlement {
-	return Entitlement{
-		SubscriptionID:   sub,
+// benchSubscription is the bundled fixture's subscription: one monthly
+// item, as most first deliveries carry.
+func benchSubscription(sub string) Subscription {
+	return Subscription{
+		ID:               sub,
 		CustomerID:       "cus_QmunchableCust01",
 		Status:           "active",
 		PriceID:          "price_1QmunchableMonthly",
 		CurrentPeriodEnd: time.Unix(1767182400, 0).UTC(),
+		Metadata:         map[string]string{},
+		Items: []Item{{ID: "si_QmunchableItem01", PriceID: "price_1QmunchableMonthly", ProductID: "prod_QmunchablePlan",
+			Quantity: qty(1), CurrentPeriodStart: time.Unix(1764590400, 0).UTC(), CurrentPeriodEnd: time.Unix(1767182400, 0).UTC()}},
 	}
 }
 
@@ -33,9 +38,9 @@ func BenchmarkApplyNew(b *testing.B) {
 	for b.Loop() {
 		i++
 		id := strconv.Itoa(i)
-		applied, err := s.Apply(ctx, benchEntitlement("sub_new_"+id), Event{ID: "evt_new_" + id, Created: t0, PreviousStatus: "incomplete"})
-		if err != nil || !applied {
-			b.Fatalf("apply = %v, %v", applied, err)
+		res, err := s.Apply(ctx, benchSubscription("sub_new_"+id), Event{ID: "evt_new_" + id, Created: t0}, nil)
+		if err != nil || !res.Applied {
+			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}
 }
@@ -49,9 +54,9 @@ func BenchmarkApplyNewer(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		applied, err := s.Apply(ctx, benchEntitlement("sub_newer"), Event{ID: "evt_newer_" + strconv.Itoa(i), Created: t0.Add(time.Duration(i) * time.Second)})
-		if err != nil || !applied {
-			b.Fatalf("apply = %v, %v", applied, err)
+		res, err := s.Apply(ctx, benchSubscription("sub_newer"), Event{ID: "evt_newer_" + strconv.Itoa(i), Created: t0.Add(time.Duration(i) * time.Second)}, nil)
+		if err != nil || !res.Applied {
+			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}
 }
@@ -61,14 +66,14 @@ func BenchmarkApplyNewer(b *testing.B) {
 func BenchmarkApplyStale(b *testing.B) {
 	s := NewStore(dbtest.NewPool(b), prometheus.NewRegistry())
 	ctx := b.Context()
-	if _, err := s.Apply(ctx, benchEntitlement("sub_stale"), Event{ID: "evt_latest", Created: t0.Add(time.Hour)}); err != nil {
+	if _, err := s.Apply(ctx, benchSubscription("sub_stale"), Event{ID: "evt_latest", Created: t0.Add(time.Hour)}, nil); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		applied, err := s.Apply(ctx, benchEntitlement("sub_stale"), Event{ID: "evt_old", Created: t0})
-		if err != nil || applied {
-			b.Fatalf("apply = %v, %v", applied, err)
+		res, err := s.Apply(ctx, benchSubscription("sub_stale"), Event{ID: "evt_old", Created: t0}, nil)
+		if err != nil || !res.Stale {
+			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}
 }

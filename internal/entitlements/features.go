@@ -2,7 +2,12 @@ package entitlements
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // FeatureEvent is an entitlements.active_entitlement_summary.updated event.
@@ -19,17 +24,171 @@ type FeatureEvent struct {
 // Stripe: the full list, for a truncated or unordered summary.
 type ListFeatures func(ctx context.Context, customerID string) ([]string, error)
 
+// featuresSQL replaces a customer's features under the same guard as a
+// subscription (see applySQL), without terminal states: a customer's
+// features can always change again.
+const featuresSQL = `
+WITH up AS (
+    INSERT INTO customer_features AS f (stripe_customer_id, lookup_keys,
+        complete, last_event_id, last_event_created, updated_at)
+    VALUES ($1, $2, $3, $4, $5, now())
+    ON CONFLICT (stripe_customer_id) DO UPDATE SET
+        lookup_keys        = EXCLUDED.lookup_keys,
+        complete           = EXCLUDED.complete,
+        last_event_id      = EXCLUDED.last_event_id,
+        last_event_created = EXCLUDED.last_event_created,
+        updated_at         = EXCLUDED.updated_at
+    WHERE f.last_event_id = EXCLUDED.last_event_id
+       OR f.last_event_created < EXCLUDED.last_event_created
+       OR f.last_event_id = $6::text
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created
+FROM (SELECT) AS one LEFT JOIN customer_features s ON s.stripe_customer_id = $1`
+
+type features struct {
+	customerID string
+	keys       []string
+	complete   bool
+}
+
+func writeFeatures(ctx context.Context, q querier, f features, eventID string, at time.Time, successorOf string) (written, error) {
+	var w written
+	err := q.QueryRow(ctx, featuresSQL, f.customerID, sortedKeys(f.keys), f.complete, eventID, at, nullString(successorOf)).
+		Scan(&w.applied, &w.storedID, &w.storedCreated)
+	if err != nil {
+		return written{}, fmt.Errorf("write features of %s from %s: %w", f.customerID, eventID, err)
+	}
+	return w, nil
+}
+
+// sortedKeys is the stored form of a feature list: sorted, distinct, and
+// never null.
+func sortedKeys(keys []string) []string {
+	out := append([]string{}, keys...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // ApplyFeatureEvent replaces the customer's features with lookupKeys as
 // reported by ev, guarded by event time per customer. complete is false
 // when the event's list was truncated and could not be fetched in full.
+// list, when not nil, settles an unordered same-second event by listing
+// the customer's active entitlements; nil keeps the stored row and counts
+// it.
 func (s *Store) ApplyFeatureEvent(ctx context.Context, customerID string, lookupKeys []string, complete bool, ev FeatureEvent, list ListFeatures) (Result, error) {
-	return Result{}, errTODO
+	f := features{customerID, lookupKeys, complete}
+	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "")
+	if err != nil {
+		return Result{}, err
+	}
+	if w.applied {
+		return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	if w.storedCreated != nil && w.storedCreated.After(ev.Created) {
+		s.stale.Inc()
+		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	return s.featuresTie(ctx, f, ev, list)
+}
+
+const readFeaturesSQL = `
+SELECT lookup_keys, complete, last_event_id, last_event_created
+FROM customer_features WHERE stripe_customer_id = $1
+FOR UPDATE`
+
+// featuresTie is applyTie for a customer's features.
+func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, list ListFeatures) (res Result, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	var st features
+	var storedID string
+	var storedAt time.Time
+	err = tx.QueryRow(ctx, readFeaturesSQL, f.customerID).Scan(&st.keys, &st.complete, &storedID, &storedAt)
+	v := admit
+	var differs []Field
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return Result{}, fmt.Errorf("read features of %s: %w", f.customerID, err)
+	default:
+		var before func() ([]Field, error)
+		if ev.HasPrevious {
+			before = func() ([]Field, error) {
+				return featureDiff(st, features{f.customerID, ev.Previous, st.complete}), nil
+			}
+		}
+		v, differs, _ = order(storedID == ev.ID, false, storedAt, ev.Created, false,
+			func() []Field { return featureDiff(st, f) }, before)
+	}
+	res = Result{StoredEventID: storedID, Differs: differs}
+	switch v {
+	case same:
+		res.Applied = true
+	case stale:
+		s.stale.Inc()
+		res.Stale = true
+	case admit:
+		if _, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID); err != nil {
+			return Result{}, err
+		}
+		res.Applied = true
+	case unordered:
+		if list == nil {
+			s.unordered.Inc()
+			res.Unordered = true
+			break
+		}
+		keys, err := list(ctx, f.customerID)
+		if err != nil {
+			return Result{}, fmt.Errorf("revalidate features of %s for %s: %w", f.customerID, ev.ID, err)
+		}
+		if _, err := writeFeatures(ctx, tx, features{f.customerID, keys, true}, ev.ID, ev.Created, storedID); err != nil {
+			return Result{}, err
+		}
+		res.Revalidated = true
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
+	}
+	return res, nil
+}
+
+// featureDiff names the stored fields on which two feature rows differ.
+func featureDiff(a, b features) []Field {
+	var out []Field
+	if !slices.Equal(sortedKeys(a.keys), sortedKeys(b.keys)) {
+		out = append(out, "lookup_keys")
+	}
+	if a.complete != b.complete {
+		out = append(out, "complete")
+	}
+	return out
 }
 
 // ApplyFeatures stores a snapshot of the customer's active entitlements
-// read from Stripe at at (stripe sync). The same tie rule as
-// ApplySnapshot: a stored event from at's second or later is kept.
-// eventID is recorded as the row's last_event_id.
+// read from Stripe at at (stripe sync), with ApplySnapshot's tie rule: a
+// stored event from at's second or later is kept. eventID is recorded as
+// the row's last_event_id ("" records the snapshot's time instead).
 func (s *Store) ApplyFeatures(ctx context.Context, customerID string, lookupKeys []string, complete bool, at time.Time, eventID string) (Result, error) {
-	return Result{}, errTODO
+	at = at.UTC().Truncate(time.Second)
+	if eventID == "" {
+		eventID = snapshotID(at)
+	}
+	w, err := writeFeatures(ctx, s.pool, features{customerID, lookupKeys, complete}, eventID, at, "")
+	if err != nil {
+		return Result{}, err
+	}
+	if !w.applied {
+		s.stale.Inc()
+		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
+	}
+	return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
 }

@@ -1,0 +1,84 @@
+package entitlements
+
+import (
+	"fmt"
+	"time"
+)
+
+// verdict is what the guard does with an event, given the stored row.
+type verdict int
+
+const (
+	admit     verdict = iota + 1 // write the event's state
+	same                         // the stored state is already the event's: nothing to write
+	stale                        // the stored state is newer: keep it
+	unordered                    // a same-second event that cannot be ordered: ask Stripe, or keep and count
+)
+
+func (v verdict) String() string {
+	return [...]string{"", "admit", "same", "stale", "unordered"}[v]
+}
+
+// order is the guard's rule, written once for every guarded row. Stripe's
+// created has one-second resolution, so events of one second cannot be
+// ordered by time; for those, an event is admitted when it is the stored
+// state's successor: the state before it (its object with
+// previous_attributes laid over it) is exactly the stored state, so every
+// field it names held the previous value and every field it does not name
+// already equals its value.
+//
+//   - the stored row came from this event: same (a replay);
+//   - the stored status is terminal: stale (Stripe never revives it);
+//   - strictly newer: admit; strictly older: stale;
+//   - same second: a creation event never succeeds another (stale); the
+//     event's own state already stored: same; the stored state is the one
+//     before the event: admit; otherwise unordered.
+//
+// after and before return the stored fields that differ from the event's
+// state and from the state before it; before is nil when the state before
+// the event cannot be known.
+func order(sameEvent, terminal bool, storedAt, at time.Time, creation bool,
+	after func() []Field, before func() ([]Field, error)) (verdict, []Field, error) {
+	switch {
+	case sameEvent:
+		return same, nil, nil
+	case terminal:
+		return stale, nil, nil
+	case at.After(storedAt):
+		return admit, nil, nil
+	case at.Before(storedAt):
+		return stale, nil, nil
+	case creation:
+		return stale, nil, nil
+	}
+	if len(after()) == 0 {
+		return same, nil, nil
+	}
+	if before == nil {
+		return unordered, after(), nil
+	}
+	differs, err := before()
+	if err != nil {
+		return 0, nil, fmt.Errorf("state before the event: %w", err)
+	}
+	if len(differs) == 0 {
+		return admit, nil, nil
+	}
+	return unordered, differs, nil
+}
+
+// judge applies order to a subscription event.
+func judge(st stored, sub Subscription, ev Event) (verdict, []Field, error) {
+	var before func() ([]Field, error)
+	if ev.Before != nil {
+		before = func() ([]Field, error) {
+			b, err := ev.Before()
+			if err != nil {
+				return nil, err
+			}
+			return diff(st.sub, b), nil
+		}
+	}
+	return order(st.eventID == ev.ID, terminal(st.sub.Status), st.created, ev.Created, ev.Creation,
+		func() []Field { return diff(st.sub, sub) }, before)
+}
