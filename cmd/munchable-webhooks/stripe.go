@@ -187,7 +187,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 
 // syncCounts is what a sync did; its String is the summary line.
 type syncCounts struct {
-	subscriptions, subscriptionsKept int // listed; of those, kept as stored (newer)
+	subscriptions, subscriptionsKept int // listed; of those, kept as stored (a newer event, or canceled)
 	invalid                          int // listed but not decodable
 	customers, customersKept         int // whose entitlements were listed; kept as stored
 	skippedCustomers                 int // Accounts v2 (acct_): no active-entitlements list
@@ -195,7 +195,7 @@ type syncCounts struct {
 }
 
 func (n syncCounts) String() string {
-	return fmt.Sprintf("%d subscriptions (%d stored, %d kept newer, %d invalid), %d customers' entitlements (%d stored, %d kept newer, %d skipped), %d API requests",
+	return fmt.Sprintf("%d subscriptions (%d stored, %d kept, %d invalid), %d customers' entitlements (%d stored, %d kept, %d skipped), %d API requests",
 		n.subscriptions, n.subscriptions-n.subscriptionsKept-n.invalid, n.subscriptionsKept, n.invalid,
 		n.customers, n.customers-n.customersKept, n.customersKept, n.skippedCustomers, n.requests)
 }
@@ -205,8 +205,7 @@ func (n syncCounts) String() string {
 // the first page's Date). The store keeps a stored event from that second
 // or later, so a webhook applied during the sync is never overwritten by
 // the older state a page carried; a second sync rewrites the same state.
-func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, progress io.Writer) (syncCounts, error) {
-	var n syncCounts
+func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, progress io.Writer) (n syncCounts, err error) {
 	l := newLister(ctx, api)
 	defer func() { n.requests = l.requests }()
 
@@ -248,7 +247,6 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 	// customer (acct_...) has no such list.
 	slices.Sort(customers)
 	features := newProgress(progress, "customers", len(customers))
-	snapshotID := fmt.Sprintf("stripe-sync-%d", l.takenAt.Unix())
 	for _, c := range customers {
 		features.step()
 		if !strings.HasPrefix(c, "cus_") {
@@ -259,7 +257,7 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 		if err != nil {
 			return n, err
 		}
-		res, err := store.ApplyFeatures(ctx, c, keys, true, l.takenAt, snapshotID)
+		res, err := store.ApplyFeatures(ctx, c, keys, true, l.takenAt, "")
 		if err != nil {
 			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
 		}
@@ -292,8 +290,7 @@ func (n replayCounts) String() string {
 // event and a second walks from it towards the newest with ending_before
 // (stripe-go hands those pages over oldest first): two listings, and memory
 // for one page, however many events the window holds.
-func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, since time.Time, undelivered bool) (replayCounts, error) {
-	var n replayCounts
+func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, since time.Time, undelivered bool) (n replayCounts, err error) {
 	// replay runs one event through the claim exactly as a delivery would,
 	// with the same key. The body goes unfingerprinted (nil): the API
 	// renders an event in other bytes than the webhook did, and a

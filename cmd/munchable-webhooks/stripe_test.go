@@ -175,8 +175,9 @@ func TestStripeSync(t *testing.T) {
 	if got := r.api.Calls(stripetest.ListSubscriptions); got != 3 {
 		t.Errorf("subscription pages requested = %d, want 3", got)
 	}
-	if !strings.Contains(stdout, "250 subscriptions (249 stored, 1 kept newer, 0 invalid)") ||
-		!strings.Contains(stdout, "250 customers' entitlements (250 stored") || strings.Count(stdout, "\n") != 1 {
+	if !strings.Contains(stdout, "250 subscriptions (249 stored, 1 kept, 0 invalid)") ||
+		!strings.Contains(stdout, "250 customers' entitlements (250 stored, 0 kept, 0 skipped), 253 API requests") ||
+		strings.Count(stdout, "\n") != 1 {
 		t.Errorf("summary = %q, want one line: 250 subscriptions, 249 stored, the upgraded one kept", stdout)
 	}
 	check := func(when string) {
@@ -213,7 +214,9 @@ func TestStripeSync(t *testing.T) {
 	if stdout, stderr, err = r.stripe(t, "sync"); err != nil {
 		t.Fatalf("second stripe sync: %v\n%s", err, stderr)
 	}
-	if !strings.Contains(stdout, "250 subscriptions (250 stored, 0 kept newer") {
+	// The 50 canceled rows are kept as they are: a canceled subscription
+	// never changes again.
+	if !strings.Contains(stdout, "250 subscriptions (200 stored, 50 kept, 0 invalid)") {
 		t.Errorf("second summary = %q", stdout)
 	}
 	check("after the second sync")
