@@ -180,7 +180,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	})
 	endpoint := flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode))
 	receiver := stripehook.New(stripehook.Config{Store: store, API: api, Logger: logger})
-	n, err := replayStripe(ctx, api, receiver, endpoint, logger, time.Now().Add(-a.since), a.undelivered)
+	n, err := replayStripe(ctx, api, receiver, endpoint, logger, stderr, time.Now().Add(-a.since), a.undelivered)
 	fmt.Fprintf(stdout, "stripe replay: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
 	return err
 }
@@ -205,14 +205,14 @@ func (n syncCounts) String() string {
 // the first page's Date). The store keeps a stored event from that second
 // or later, so a webhook applied during the sync is never overwritten by
 // the older state a page carried; a second sync rewrites the same state.
-func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, progress io.Writer) (n syncCounts, err error) {
+func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, stderr io.Writer) (n syncCounts, err error) {
 	l := newLister(ctx, api)
 	defer func() { n.requests = l.requests }()
 
 	params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
 	params.Limit = stripe.Int64(100)
 	it := l.list("/v1/subscriptions", params)
-	subs := newProgress(progress, "subscriptions", 0)
+	subs := newProgress(stderr, "stripe sync: subscriptions", 0)
 	seen := map[string]bool{}
 	var customers []string
 	for it.Next() {
@@ -224,7 +224,7 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 			// One unreadable object should not stop the rest; the summary
 			// counts it and the exit status says so.
 			n.invalid++
-			fmt.Fprintf(progress, "stripe sync: subscription %s: %v\n", o.ID, err)
+			fmt.Fprintf(stderr, "stripe sync: subscription %s: %v\n", o.ID, err)
 			continue
 		}
 		res, err := store.ApplySnapshot(ctx, sub, l.takenAt)
@@ -246,7 +246,7 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 	// Stripe lists active entitlements per customer only; an Accounts v2
 	// customer (acct_...) has no such list.
 	slices.Sort(customers)
-	features := newProgress(progress, "customers", len(customers))
+	features := newProgress(stderr, "stripe sync: customers", len(customers))
 	for _, c := range customers {
 		features.step()
 		if !strings.HasPrefix(c, "cus_") {
@@ -290,13 +290,15 @@ func (n replayCounts) String() string {
 // event and a second walks from it towards the newest with ending_before
 // (stripe-go hands those pages over oldest first): two listings, and memory
 // for one page, however many events the window holds.
-func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, since time.Time, undelivered bool) (n replayCounts, err error) {
+func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, stderr io.Writer, since time.Time, undelivered bool) (n replayCounts, err error) {
 	// replay runs one event through the claim exactly as a delivery would,
 	// with the same key. The body goes unfingerprinted (nil): the API
 	// renders an event in other bytes than the webhook did, and a
 	// fingerprint would report every duplicate as an id reused with
 	// another body.
+	var done *progress
 	replay := func(o *rawObject) {
+		done.step()
 		n.listed++
 		var res entitlements.Result
 		ev, err := receiver.Event(o.JSON, func(r entitlements.Result) { res = r })
@@ -338,9 +340,11 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 	}
 
 	var oldest *rawObject
+	total := 0
 	it := l.list("/v1/events", params())
 	for it.Next() {
 		oldest = it.Current().(*rawObject)
+		total++
 	}
 	if err := it.Err(); err != nil {
 		return n, fmt.Errorf("list events: %w", err)
@@ -348,6 +352,7 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 	if oldest == nil {
 		return n, nil
 	}
+	done = newProgress(stderr, "stripe replay: events", total)
 	replay(oldest)
 	p := params()
 	p.EndingBefore = stripe.String(oldest.ID)
@@ -496,5 +501,5 @@ func (p *progress) step() {
 	if p.total > 0 {
 		total = fmt.Sprint(p.total)
 	}
-	fmt.Fprintf(p.w, "stripe sync: %s %d/%s (%.0f/s)\n", p.what, p.done, total, float64(p.done)/now.Sub(p.start).Seconds())
+	fmt.Fprintf(p.w, "%s %d/%s (%.0f/s)\n", p.what, p.done, total, float64(p.done)/now.Sub(p.start).Seconds())
 }

@@ -390,3 +390,66 @@ func TestStripeCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStripeSync and BenchmarkStripeReplay run the commands against
+// the fake API holding 10,000 subscriptions, each of its own customer with
+// one active entitlement, and one customer.subscription.created event
+// each. Run them once each: go test -run '^$' -bench Stripe -benchtime 1x.
+// Each iteration gets a fresh database and claim prefix, so every run
+// stores and processes everything.
+const benchSubscriptions = 10_000
+
+func BenchmarkStripeSync(b *testing.B) { benchmarkStripe(b, "sync") }
+
+func BenchmarkStripeReplay(b *testing.B) { benchmarkStripe(b, "replay", "--since", "24h") }
+
+func benchmarkStripe(b *testing.B, args ...string) {
+	api := stripetest.New(b)
+	fx := stripetest.LoadFixtures(b)
+	base := time.Now().Add(-12 * time.Hour).Unix()
+	for i := range benchSubscriptions {
+		s := stripetest.Subscription{
+			ID: fmt.Sprintf("sub_bench%05d", i), Customer: fmt.Sprintf("cus_bench%05d", i), Status: "active",
+			PriceID: "price_basic", Created: base + int64(i), PeriodEnd: base + 30*86400,
+		}
+		obj := fx.Subscription(s)
+		api.PutSubscription(obj)
+		api.SetActiveEntitlements(s.Customer, fx.ActiveEntitlement(fmt.Sprintf("ent_bench%05d", i), "feat_recipes", "recipes"))
+		api.AddEvent(fx.Event(fmt.Sprintf("evt_bench%05d", i), "customer.subscription.created", s.Created, obj, nil), false)
+	}
+	redisURL := dbtest.RedisURL(b)
+	var stdout, progress string
+	var rows int
+	for b.Loop() {
+		b.StopTimer()
+		dbURL := dbtest.NewDatabase(b)
+		_, prefix := dbtest.Redis(b)
+		env := map[string]string{
+			"DATABASE_URL": dbURL, "STRIPE_API_KEY": stripetest.Key, "STRIPE_API_URL": api.URL().String(),
+			"REDIS_URL": redisURL, "REDIS_KEY_PREFIX": prefix, "LOG_LEVEL": "warn",
+		}
+		calls := api.TotalCalls()
+		var out, errOut bytes.Buffer
+		b.StartTimer()
+		if err := run(b.Context(), append([]string{"munchable-webhooks", "stripe"}, args...), environ(env), &out, &errOut); err != nil {
+			b.Fatalf("%v\n%s", err, errOut.String())
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(api.TotalCalls()-calls), "requests/op")
+		pool, err := pgxpool.New(b.Context(), dbURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pool.QueryRow(b.Context(), `SELECT count(*) FROM entitlements`).Scan(&rows); err != nil {
+			b.Fatal(err)
+		}
+		pool.Close()
+		stdout = out.String()
+		lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+		progress = lines[len(lines)-1]
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(rows), "rows")
+	b.Log(strings.TrimSpace(stdout))
+	b.Log("last progress line: ", progress)
+}

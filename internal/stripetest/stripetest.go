@@ -272,7 +272,7 @@ func createdFilter(q url.Values) (func(int64) bool, error) {
 		if s := q.Get(k); s != "" {
 			v, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("Invalid integer: %s", s)
+				return nil, fmt.Errorf("invalid integer: %s", s)
 			}
 			tests = append(tests, func(c int64) bool { return match(c, v) })
 		}
