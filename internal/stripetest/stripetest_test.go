@@ -161,6 +161,24 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// ids lists the ids of every object an iterator yields, page after page.
+func ids(t *testing.T, it *stripe.Iter) []string {
+	t.Helper()
+	var out []string
+	for it.Next() {
+		switch o := it.Current().(type) {
+		case *stripe.Subscription:
+			out = append(out, o.ID)
+		case *stripe.Event:
+			out = append(out, o.ID)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestListSubscriptionsPaginatesAndFiltersByStatus(t *testing.T) {
 	t.Parallel()
 	fake := New(t)
@@ -179,15 +197,7 @@ func TestListSubscriptionsPaginatesAndFiltersByStatus(t *testing.T) {
 			p.Status = stripe.String(status)
 		}
 		p.Limit = stripe.Int64(100)
-		var ids []string
-		it := api.Subscriptions.List(p)
-		for it.Next() {
-			ids = append(ids, it.Subscription().ID)
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return ids
+		return ids(t, api.Subscriptions.List(p).Iter)
 	}
 
 	all := list("all")
@@ -223,17 +233,7 @@ func TestListEventsFiltersAndOrders(t *testing.T) {
 	add("evt_c", "customer.subscription.deleted", 400, true)
 	api := newClient(fake.URL(), 0)
 
-	list := func(p *stripe.EventListParams) []string {
-		var ids []string
-		it := api.Events.List(p)
-		for it.Next() {
-			ids = append(ids, it.Event().ID)
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	list := func(p *stripe.EventListParams) []string { return ids(t, api.Events.List(p).Iter) }
 	subTypes := stripe.StringSlice([]string{"customer.subscription.created", "customer.subscription.updated", "customer.subscription.deleted"})
 	tests := []struct {
 		name   string
