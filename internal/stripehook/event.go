@@ -22,10 +22,14 @@ type head struct {
 	Object  string          `json:"object"`
 	Type    string          `json:"type"`
 	Created json.RawMessage `json:"created"`
-	Data    struct {
-		Object             json.RawMessage `json:"object"`
-		PreviousAttributes json.RawMessage `json:"previous_attributes"`
-	} `json:"data"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// data is a handled event's data: the object, and for *.updated events the
+// attributes it changed with their values before.
+type data struct {
+	Object             json.RawMessage `json:"object"`
+	PreviousAttributes json.RawMessage `json:"previous_attributes"`
 }
 
 // thinObject is the object of a thin event: an unversioned notice that
@@ -106,14 +110,18 @@ func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (clai
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %s %s: %w", claim.ErrMalformed, h.Type, h.ID, err)
 	}
+	var d data
+	if err := json.Unmarshal(h.Data, &d); err != nil || len(d.Object) == 0 {
+		return claim.Event{}, fmt.Errorf("%w: %s %s: %w: data.object", claim.ErrMalformed, h.Type, h.ID, errMissing)
+	}
 	var apply applyFunc
 	switch k {
 	case kindSubscription:
-		apply, err = r.subscriptionEvent(h, at)
+		apply, err = r.subscriptionEvent(h, d, at)
 	case kindFeatures:
-		apply, err = r.featuresEvent(h, at)
+		apply, err = r.featuresEvent(h, d, at)
 	case kindCheckout:
-		apply, err = r.checkoutEvent(h, at)
+		apply, err = r.checkoutEvent(h, d, at)
 	}
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %s %s: data.object: %w", claim.ErrMalformed, h.Type, h.ID, err)

@@ -12,12 +12,12 @@ import (
 type applyFunc func(ctx context.Context) (entitlements.Result, error)
 
 // subscriptionEvent reads a customer.subscription.* event.
-func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
-	sub, err := DecodeSubscription(h.Data.Object)
+func (r *Receiver) subscriptionEvent(h head, d data, at time.Time) (applyFunc, error) {
+	sub, err := DecodeSubscription(d.Object)
 	if err != nil {
 		return nil, err
 	}
-	object, previous := h.Data.Object, h.Data.PreviousAttributes
+	object, previous := d.Object, d.PreviousAttributes
 	ev := entitlements.Event{
 		ID:       h.ID,
 		Created:  at,
@@ -99,9 +99,9 @@ func (s summaryJSON) keys() []string {
 
 // featuresEvent reads an entitlements.active_entitlement_summary.updated
 // event.
-func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
+func (r *Receiver) featuresEvent(h head, d data, at time.Time) (applyFunc, error) {
 	var s summaryJSON
-	if err := json.Unmarshal(h.Data.Object, &s); err != nil {
+	if err := json.Unmarshal(d.Object, &s); err != nil {
 		return nil, err
 	}
 	if s.Customer == "" {
@@ -115,7 +115,7 @@ func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
 			} `json:"data"`
 		} `json:"entitlements"`
 	}
-	if len(h.Data.PreviousAttributes) > 0 && json.Unmarshal(h.Data.PreviousAttributes, &prev) == nil && prev.Entitlements != nil {
+	if len(d.PreviousAttributes) > 0 && json.Unmarshal(d.PreviousAttributes, &prev) == nil && prev.Entitlements != nil {
 		ev.HasPrevious = true
 		for _, e := range prev.Entitlements.Data {
 			ev.Previous = append(ev.Previous, e.LookupKey)
@@ -159,9 +159,9 @@ type sessionJSON struct {
 }
 
 // checkoutEvent reads a checkout.session.* event.
-func (r *Receiver) checkoutEvent(h head, at time.Time) (applyFunc, error) {
+func (r *Receiver) checkoutEvent(h head, d data, at time.Time) (applyFunc, error) {
 	var s sessionJSON
-	if err := json.Unmarshal(h.Data.Object, &s); err != nil {
+	if err := json.Unmarshal(d.Object, &s); err != nil {
 		return nil, err
 	}
 	switch {

@@ -63,10 +63,11 @@ func BenchmarkVerify(b *testing.B) {
 // BenchmarkDecode: decoding a verified 3 KiB subscription event.
 func BenchmarkDecode(b *testing.B) {
 	body := benchFixture(b)
+	r := New(Config{})
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := decode(body); err != nil {
+		if _, err := r.decode(body, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -103,7 +104,7 @@ func benchHandler(b *testing.B) http.Handler {
 		Registerer:     reg,
 	})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour})
-	return NewHandler(ep, secret, entitlements.NewStore(pool, reg))
+	return New(Config{Store: entitlements.NewStore(pool, reg), Registerer: reg}).Handler(ep, secret)
 }
 
 // benchRequest is one request, reused across iterations so that the
