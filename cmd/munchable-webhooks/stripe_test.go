@@ -224,8 +224,9 @@ func TestStripeSync(t *testing.T) {
 
 // TestStripeReplay replays 50 events of which 20 were already delivered
 // by webhook: those are duplicates and run nothing (their rows keep their
-// updated_at), the other 30 are processed; a second replay, of the
-// undelivered ones only, finds every one done.
+// updated_at), the other 30 are processed, oldest first; two more show a
+// stale one counted. A second replay, of the undelivered ones only, finds
+// every one done.
 func TestStripeReplay(t *testing.T) {
 	t.Parallel()
 	r := newStripeRig(t)
@@ -248,6 +249,16 @@ func TestStripeReplay(t *testing.T) {
 		r.api.AddEvent(updated, delivered)
 		r.api.AddEvent(r.fx.Event(fmt.Sprintf("evt_charge%02d", i), "charge.succeeded", s.Created, []byte(`{"id":"ch_1"}`), nil), false)
 	}
+	// One more subscription whose newer event was delivered while an older
+	// one never was: replayed, the older one is stale and changes nothing.
+	late := stripetest.Subscription{ID: "sub_replay25", Customer: "cus_replay25", Status: "active", PriceID: "price_pro", Created: base + 1000, PeriodEnd: base + 30*86400, CancelAtPeriodEnd: true}
+	newer := r.fx.Event("evt_updated25", "customer.subscription.updated", base+1100, r.fx.Subscription(late), map[string]any{"items": map[string]any{}})
+	r.deliver(t, newer)
+	r.api.AddEvent(newer, true)
+	older := late
+	older.PriceID = "price_basic"
+	r.api.AddEvent(r.fx.Event("evt_older25", "customer.subscription.created", base+1000, r.fx.Subscription(older), nil), false)
+
 	r.api.AddEvent(r.fx.Event("evt_too_old", "customer.subscription.created", base-48*3600,
 		r.fx.Subscription(stripetest.Subscription{ID: "sub_old", Customer: "cus_old", Status: "active"}), nil), false)
 	before := updatedAt(t, r.pool)
@@ -256,7 +267,7 @@ func TestStripeReplay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stripe replay: %v\n%s", err, stderr)
 	}
-	if want := "50 events: 30 processed, 20 duplicate, 0 stale, 0 unordered, 0 in progress, 0 failed, 0 ignored"; !strings.Contains(stdout, want) || strings.Count(stdout, "\n") != 1 {
+	if want := "52 events: 30 processed, 21 duplicate, 1 stale, 0 unordered, 0 in progress, 0 failed, 0 ignored"; !strings.Contains(stdout, want) || strings.Count(stdout, "\n") != 1 {
 		t.Errorf("summary = %q, want one line with %q", stdout, want)
 	}
 	after := updatedAt(t, r.pool)
@@ -266,8 +277,8 @@ func TestStripeReplay(t *testing.T) {
 		}
 	}
 	rows := r.rows(t)
-	if len(rows) != 25 {
-		t.Errorf("%d subscriptions stored, want 25 (not the one outside --since)", len(rows))
+	if len(rows) != 26 {
+		t.Errorf("%d subscriptions stored, want 26 (not the one outside --since)", len(rows))
 	}
 	for id, g := range rows {
 		want := row{Status: "active", PriceID: "price_pro", LastEventID: "evt_updated" + strings.TrimPrefix(id, "sub_replay"), CancelAtPeriodEnd: true}
@@ -280,7 +291,7 @@ func TestStripeReplay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second stripe replay: %v\n%s", err, stderr)
 	}
-	if want := "30 events: 0 processed, 30 duplicate"; !strings.Contains(stdout, want) {
+	if want := "31 events: 0 processed, 31 duplicate"; !strings.Contains(stdout, want) {
 		t.Errorf("second summary = %q, want %q", stdout, want)
 	}
 }
@@ -341,6 +352,31 @@ func TestStripeAPIFailures(t *testing.T) {
 	}
 	if got := len(r.rows(t)); got != 3 {
 		t.Errorf("%d rows, want 3", got)
+	}
+}
+
+// TestStripeCommandsAgainstStripeMock runs both commands against
+// stripe-mock, which checks each request against Stripe's OpenAPI spec:
+// every route and parameter they send exists at Stripe. (stripe-mock
+// answers with fixtures and does not paginate, so only acceptance and the
+// one fixture subscription are checked; the fake tests the rest.)
+func TestStripeCommandsAgainstStripeMock(t *testing.T) {
+	t.Parallel()
+	mock := stripetest.StartStripeMock(t)
+	_, prefix := dbtest.Redis(t)
+	env := map[string]string{
+		"DATABASE_URL": dbtest.NewDatabase(t), "STRIPE_API_KEY": stripetest.Key, "STRIPE_API_URL": mock.String(),
+		"REDIS_URL": dbtest.RedisURL(t), "REDIS_KEY_PREFIX": prefix, "LOG_LEVEL": "warn",
+	}
+	for _, args := range [][]string{{"sync"}, {"replay", "--since", "720h", "--undelivered"}} {
+		var stdout, stderr bytes.Buffer
+		if err := run(t.Context(), append([]string{"munchable-webhooks", "stripe"}, args...), environ(env), &stdout, &stderr); err != nil {
+			t.Errorf("stripe %s against stripe-mock: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		t.Log(strings.TrimSpace(stdout.String()))
+		if args[0] == "sync" && !strings.Contains(stdout.String(), "1 subscriptions (1 stored") {
+			t.Errorf("sync against stripe-mock: %q, want its one fixture subscription stored", stdout.String())
+		}
 	}
 }
 
