@@ -162,7 +162,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	start := time.Now()
 
 	if a.command == "sync" {
-		n, err := syncStripe(ctx, api, store, stderr)
+		n, err := syncStripe(ctx, api, store, logger, stderr)
 		fmt.Fprintf(stdout, "stripe sync: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
 		return err
 	}
@@ -205,7 +205,7 @@ func (n syncCounts) String() string {
 // the first page's Date). The store keeps a stored event from that second
 // or later, so a webhook applied during the sync is never overwritten by
 // the older state a page carried; a second sync rewrites the same state.
-func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, stderr io.Writer) (n syncCounts, err error) {
+func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, logger *slog.Logger, stderr io.Writer) (n syncCounts, err error) {
 	l := newLister(ctx, api)
 	defer func() { n.requests = l.requests }()
 
@@ -224,7 +224,7 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 			// One unreadable object should not stop the rest; the summary
 			// counts it and the exit status says so.
 			n.invalid++
-			fmt.Fprintf(stderr, "stripe sync: subscription %s: %v\n", o.ID, err)
+			logger.Error("sync: unreadable subscription", "subscription_id", o.ID, "err", err)
 			continue
 		}
 		res, err := store.ApplySnapshot(ctx, sub, l.takenAt)

@@ -353,6 +353,15 @@ func TestStripeAPIFailures(t *testing.T) {
 	if got := len(r.rows(t)); got != 3 {
 		t.Errorf("%d rows, want 3", got)
 	}
+
+	// An object the service cannot read (no customer) is counted and
+	// fails the command, and does not stop the others.
+	r.api.PutSubscription(r.fx.Subscription(stripetest.Subscription{ID: "sub_unreadable", Status: "active", Created: 1700000001}))
+	stdout, _, err := r.stripe(t, "sync")
+	if err == nil || !strings.Contains(err.Error(), "1 subscriptions could not be read") ||
+		!strings.Contains(stdout, "4 subscriptions (3 stored, 0 kept, 1 invalid)") {
+		t.Errorf("sync with an unreadable subscription: err = %v, summary %q", err, stdout)
+	}
 }
 
 // TestStripeCommandsAgainstStripeMock runs both commands against
