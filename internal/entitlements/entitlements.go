@@ -271,62 +271,34 @@ func read(ctx context.Context, tx pgx.Tx, id string) (stored, bool, error) {
 
 // applyTie settles an event the one statement could not: a same-second
 // one, or one that raced another delivery of the same subscription.
-func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (res Result, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
-	}
-	defer func() {
+func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
+	return s.settle(ctx, ev.ID, func(ctx context.Context, tx pgx.Tx) (tie, error) {
+		st, found, err := read(ctx, tx, sub.ID)
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return tie{}, err
 		}
-	}()
-	st, found, err := read(ctx, tx, sub.ID)
-	if err != nil {
-		return Result{}, err
-	}
-	var v verdict
-	var differs []Field
-	if !found {
-		// Deleted in between (nothing here deletes rows): write as new.
-		v = admit
-	} else {
-		v, differs, err = judge(st, sub, ev)
-		if err != nil {
-			return Result{}, err
+		t := tie{verdict: admit, result: Result{StoredEventID: st.eventID}}
+		t.admit = func(ctx context.Context, tx pgx.Tx) error {
+			_, err := write(ctx, tx, sub, ev.ID, ev.Created, st.eventID)
+			return err
 		}
-	}
-	res = Result{StoredEventID: st.eventID, Differs: differs}
-	switch v {
-	case same:
-		res.Applied = true
-	case stale:
-		s.stale.Inc()
-		res.Stale = true
-	case admit:
-		if _, err := write(ctx, tx, sub, ev.ID, ev.Created, st.eventID); err != nil {
-			return Result{}, err
+		if fetch != nil {
+			t.revalidate = func(ctx context.Context, tx pgx.Tx) error {
+				fetched, err := fetch(ctx, sub.ID)
+				if err != nil {
+					return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
+				}
+				_, err = write(ctx, tx, fetched, ev.ID, ev.Created, st.eventID)
+				return err
+			}
 		}
-		res.Applied = true
-	case unordered:
-		if fetch == nil {
-			s.unordered.Inc()
-			res.Unordered = true
-			break
+		// Not found: deleted in between (nothing here deletes rows), so
+		// the event is written as new.
+		if found {
+			t.verdict, t.result.Differs, err = judge(st, sub, ev)
 		}
-		fetched, err := fetch(ctx, sub.ID)
-		if err != nil {
-			return Result{}, fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
-		}
-		if _, err := write(ctx, tx, fetched, ev.ID, ev.Created, st.eventID); err != nil {
-			return Result{}, err
-		}
-		res.Revalidated = true
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
-	}
-	return res, nil
+		return t, err
+	})
 }
 
 // snapshotID is the last_event_id of a row written by a snapshot: no
@@ -347,11 +319,17 @@ func (s *Store) ApplySnapshot(ctx context.Context, sub Subscription, takenAt tim
 	if err != nil {
 		return Result{}, err
 	}
+	return s.snapshotResult(w), nil
+}
+
+// snapshotResult reads a snapshot's write: applied, or kept out by a
+// stored event as new as the snapshot or newer.
+func (s *Store) snapshotResult(w written) Result {
 	if !w.applied {
 		s.stale.Inc()
-		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
+		return Result{Stale: true, StoredEventID: deref(w.storedID)}
 	}
-	return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	return Result{Applied: true, StoredEventID: deref(w.storedID)}
 }
 
 // metadataJSON is the stored form of metadata: an object, never null.

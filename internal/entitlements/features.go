@@ -98,67 +98,43 @@ FROM customer_features WHERE stripe_customer_id = $1
 FOR UPDATE`
 
 // featuresTie is applyTie for a customer's features.
-func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, list ListFeatures) (res Result, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, list ListFeatures) (Result, error) {
+	return s.settle(ctx, ev.ID, func(ctx context.Context, tx pgx.Tx) (tie, error) {
+		var st features
+		var storedID string
+		var storedAt time.Time
+		err := tx.QueryRow(ctx, readFeaturesSQL, f.customerID).Scan(&st.keys, &st.complete, &storedID, &storedAt)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return tie{}, fmt.Errorf("read features of %s: %w", f.customerID, err)
 		}
-	}()
-	var st features
-	var storedID string
-	var storedAt time.Time
-	err = tx.QueryRow(ctx, readFeaturesSQL, f.customerID).Scan(&st.keys, &st.complete, &storedID, &storedAt)
-	v := admit
-	var differs []Field
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return Result{}, fmt.Errorf("read features of %s: %w", f.customerID, err)
-	default:
-		var before func() ([]Field, error)
-		if ev.HasPrevious {
-			before = func() ([]Field, error) {
-				return featureDiff(st, features{f.customerID, ev.Previous, st.complete}), nil
+		found := err == nil
+		t := tie{verdict: admit, result: Result{StoredEventID: storedID}}
+		t.admit = func(ctx context.Context, tx pgx.Tx) error {
+			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID)
+			return err
+		}
+		if list != nil {
+			t.revalidate = func(ctx context.Context, tx pgx.Tx) error {
+				keys, err := list(ctx, f.customerID)
+				if err != nil {
+					return fmt.Errorf("revalidate features of %s for %s: %w", f.customerID, ev.ID, err)
+				}
+				_, err = writeFeatures(ctx, tx, features{f.customerID, keys, true}, ev.ID, ev.Created, storedID)
+				return err
 			}
 		}
-		v, differs, _ = order(storedID == ev.ID, false, storedAt, ev.Created, false,
-			func() []Field { return featureDiff(st, f) }, before)
-	}
-	res = Result{StoredEventID: storedID, Differs: differs}
-	switch v {
-	case same:
-		res.Applied = true
-	case stale:
-		s.stale.Inc()
-		res.Stale = true
-	case admit:
-		if _, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID); err != nil {
-			return Result{}, err
+		if found {
+			var before func() ([]Field, error)
+			if ev.HasPrevious {
+				before = func() ([]Field, error) {
+					return featureDiff(st, features{f.customerID, ev.Previous, st.complete}), nil
+				}
+			}
+			t.verdict, t.result.Differs, err = order(storedID == ev.ID, false, storedAt, ev.Created, false,
+				func() []Field { return featureDiff(st, f) }, before)
 		}
-		res.Applied = true
-	case unordered:
-		if list == nil {
-			s.unordered.Inc()
-			res.Unordered = true
-			break
-		}
-		keys, err := list(ctx, f.customerID)
-		if err != nil {
-			return Result{}, fmt.Errorf("revalidate features of %s for %s: %w", f.customerID, ev.ID, err)
-		}
-		if _, err := writeFeatures(ctx, tx, features{f.customerID, keys, true}, ev.ID, ev.Created, storedID); err != nil {
-			return Result{}, err
-		}
-		res.Revalidated = true
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", ev.ID, err)
-	}
-	return res, nil
+		return t, err
+	})
 }
 
 // featureDiff names the stored fields on which two feature rows differ.
@@ -186,9 +162,5 @@ func (s *Store) ApplyFeatures(ctx context.Context, customerID string, lookupKeys
 	if err != nil {
 		return Result{}, err
 	}
-	if !w.applied {
-		s.stale.Inc()
-		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
-	}
-	return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	return s.snapshotResult(w), nil
 }

@@ -1,8 +1,11 @@
 package entitlements
 
 import (
+	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // verdict is what the guard does with an event, given the stored row.
@@ -81,4 +84,61 @@ func judge(st stored, sub Subscription, ev Event) (verdict, []Field, error) {
 	}
 	return order(st.eventID == ev.ID, terminal(st.sub.Status), st.created, ev.Created, ev.Creation,
 		func() []Field { return diff(st.sub, sub) }, before)
+}
+
+// tie is a same-second judgement and the means to carry it out.
+type tie struct {
+	verdict verdict
+	result  Result // StoredEventID, Differs
+	// admit writes the event's state as the stored state's successor.
+	admit func(ctx context.Context, tx pgx.Tx) error
+	// revalidate writes the state read from Stripe; nil without an API.
+	revalidate func(ctx context.Context, tx pgx.Tx) error
+}
+
+// settle judges under a row lock and carries out the verdict in the same
+// transaction: the read, any call to Stripe and the write happen while no
+// other delivery can write the row, so two revalidations commit in the
+// order they read.
+func (s *Store) settle(ctx context.Context, eventID string, judge func(ctx context.Context, tx pgx.Tx) (tie, error)) (res Result, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", eventID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	t, err := judge(ctx, tx)
+	if err != nil {
+		return Result{}, err
+	}
+	res = t.result
+	switch t.verdict {
+	case same:
+		res.Applied = true
+	case stale:
+		s.stale.Inc()
+		res.Stale = true
+	case admit:
+		if err := t.admit(ctx, tx); err != nil {
+			return Result{}, err
+		}
+		res.Applied = true
+	case unordered:
+		if t.revalidate == nil {
+			s.unordered.Inc()
+			res.Unordered = true
+			break
+		}
+		if err := t.revalidate(ctx, tx); err != nil {
+			return Result{}, err
+		}
+		res.Revalidated = true
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Result{}, fmt.Errorf("apply %s: %w", eventID, err)
+	}
+	return res, nil
 }
