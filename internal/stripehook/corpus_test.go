@@ -568,3 +568,54 @@ func TestEventForReplay(t *testing.T) {
 		t.Error("an incomplete event decoded")
 	}
 }
+
+// The case issue reports meet: a subscription created and changed in the
+// same second, delivered in order. Each change names what it changed in
+// previous_attributes the way Stripe does (an array whole, a hash by the
+// keys that changed), so it succeeds the stored state and lands.
+func TestSameSecondChangesLandInOrder(t *testing.T) {
+	t.Parallel()
+	created := edit(t, corpus(t, "customer.subscription.updated.mixed_interval.json"), func(ev map[string]any) {
+		ev["id"], ev["type"] = "evt_created", "customer.subscription.created"
+		object(ev)["cancel_at_period_end"] = false
+		delete(ev["data"].(map[string]any), "previous_attributes")
+	})
+	var oldItems any
+	upgrade := edit(t, created, func(ev map[string]any) {
+		ev["id"], ev["type"] = "evt_upgrade", "customer.subscription.updated"
+		items := object(ev)["items"].(map[string]any)
+		b, _ := json.Marshal(items)
+		json.Unmarshal(b, &oldItems)
+		items["data"].([]any)[0].(map[string]any)["price"].(map[string]any)["id"] = "price_1QmunchablePro"
+		ev["data"].(map[string]any)["previous_attributes"] = map[string]any{"items": oldItems}
+	})
+	cancel := edit(t, upgrade, func(ev map[string]any) {
+		ev["id"] = "evt_cancel"
+		object(ev)["cancel_at_period_end"] = true
+		object(ev)["metadata"].(map[string]any)["churn_reason"] = "price"
+		ev["data"].(map[string]any)["previous_attributes"] = map[string]any{
+			"cancel_at_period_end": false, "metadata": map[string]any{"churn_reason": nil}}
+	})
+	h := newHarness(t, options{})
+	for _, body := range [][]byte{created, upgrade, cancel} {
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "first")
+	}
+	got, items := h.subscription(t, "sub_1QmunchableMixed01")
+	if got.LastEventID != "evt_cancel" || *got.PriceID != "price_1QmunchablePro" || !got.CancelAtPeriodEnd ||
+		got.Metadata["churn_reason"] != "price" || items[0].PriceID != "price_1QmunchablePro" {
+		t.Errorf("stored %+v with items %+v, want the last change of the second", got, items)
+	}
+	if n := h.metric(t, "entitlements_stale_events_total") + h.metric(t, "entitlements_unordered_events_total"); n != 0 {
+		t.Errorf("%v events kept out, want none", n)
+	}
+
+	// Reversed, the creation cannot succeed the later state, and the
+	// upgrade is not the cancellation's successor: neither moves it back.
+	h = newHarness(t, options{})
+	for _, body := range [][]byte{cancel, upgrade, created} {
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "first")
+	}
+	if got, _ := h.subscription(t, "sub_1QmunchableMixed01"); got.LastEventID != "evt_cancel" {
+		t.Errorf("reversed: stored from %s, want evt_cancel", got.LastEventID)
+	}
+}

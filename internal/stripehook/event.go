@@ -25,11 +25,21 @@ type head struct {
 	Data    json.RawMessage `json:"data"`
 }
 
-// data is a handled event's data: the object, and for *.updated events the
-// attributes it changed with their values before.
-type data struct {
-	Object             json.RawMessage `json:"object"`
-	PreviousAttributes json.RawMessage `json:"previous_attributes"`
+// objectOf decodes a handled event's data in one pass: its object into T,
+// and previous_attributes (for *.updated events: the attributes the event
+// changed, with their values before) kept raw.
+func objectOf[T any](raw json.RawMessage) (obj T, previous json.RawMessage, err error) {
+	var d struct {
+		Object             *T              `json:"object"`
+		PreviousAttributes json.RawMessage `json:"previous_attributes"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return obj, nil, err
+	}
+	if d.Object == nil {
+		return obj, nil, fmt.Errorf("%w: data.object", errMissing)
+	}
+	return *d.Object, d.PreviousAttributes, nil
 }
 
 // thinObject is the object of a thin event: an unversioned notice that
@@ -110,18 +120,14 @@ func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (clai
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %s %s: %w", claim.ErrMalformed, h.Type, h.ID, err)
 	}
-	var d data
-	if err := json.Unmarshal(h.Data, &d); err != nil || len(d.Object) == 0 {
-		return claim.Event{}, fmt.Errorf("%w: %s %s: %w: data.object", claim.ErrMalformed, h.Type, h.ID, errMissing)
-	}
 	var apply applyFunc
 	switch k {
 	case kindSubscription:
-		apply, err = r.subscriptionEvent(h, d, at)
+		apply, err = r.subscriptionEvent(h, at)
 	case kindFeatures:
-		apply, err = r.featuresEvent(h, d, at)
+		apply, err = r.featuresEvent(h, at)
 	case kindCheckout:
-		apply, err = r.checkoutEvent(h, d, at)
+		apply, err = r.checkoutEvent(h, at)
 	}
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %s %s: data.object: %w", claim.ErrMalformed, h.Type, h.ID, err)

@@ -12,17 +12,27 @@ import (
 type applyFunc func(ctx context.Context) (entitlements.Result, error)
 
 // subscriptionEvent reads a customer.subscription.* event.
-func (r *Receiver) subscriptionEvent(h head, d data, at time.Time) (applyFunc, error) {
-	sub, err := DecodeSubscription(d.Object)
+func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
+	s, _, err := objectOf[subscriptionJSON](h.Data)
 	if err != nil {
 		return nil, err
 	}
-	object, previous := d.Object, d.PreviousAttributes
+	sub, err := s.stored()
+	if err != nil {
+		return nil, err
+	}
+	raw := h.Data
 	ev := entitlements.Event{
 		ID:       h.ID,
 		Created:  at,
 		Creation: h.Type == "customer.subscription.created",
-		Before:   func() (entitlements.Subscription, error) { return before(object, previous) },
+		Before: func() (entitlements.Subscription, error) {
+			object, previous, err := objectOf[json.RawMessage](raw)
+			if err != nil {
+				return entitlements.Subscription{}, err
+			}
+			return before(object, previous)
+		},
 	}
 	return func(ctx context.Context) (entitlements.Result, error) {
 		return r.store.Apply(ctx, sub, ev, r.fetch())
@@ -99,9 +109,9 @@ func (s summaryJSON) keys() []string {
 
 // featuresEvent reads an entitlements.active_entitlement_summary.updated
 // event.
-func (r *Receiver) featuresEvent(h head, d data, at time.Time) (applyFunc, error) {
-	var s summaryJSON
-	if err := json.Unmarshal(d.Object, &s); err != nil {
+func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
+	s, previous, err := objectOf[summaryJSON](h.Data)
+	if err != nil {
 		return nil, err
 	}
 	if s.Customer == "" {
@@ -115,7 +125,7 @@ func (r *Receiver) featuresEvent(h head, d data, at time.Time) (applyFunc, error
 			} `json:"data"`
 		} `json:"entitlements"`
 	}
-	if len(d.PreviousAttributes) > 0 && json.Unmarshal(d.PreviousAttributes, &prev) == nil && prev.Entitlements != nil {
+	if len(previous) > 0 && json.Unmarshal(previous, &prev) == nil && prev.Entitlements != nil {
 		ev.HasPrevious = true
 		for _, e := range prev.Entitlements.Data {
 			ev.Previous = append(ev.Previous, e.LookupKey)
@@ -159,9 +169,9 @@ type sessionJSON struct {
 }
 
 // checkoutEvent reads a checkout.session.* event.
-func (r *Receiver) checkoutEvent(h head, d data, at time.Time) (applyFunc, error) {
-	var s sessionJSON
-	if err := json.Unmarshal(d.Object, &s); err != nil {
+func (r *Receiver) checkoutEvent(h head, at time.Time) (applyFunc, error) {
+	s, _, err := objectOf[sessionJSON](h.Data)
+	if err != nil {
 		return nil, err
 	}
 	switch {
