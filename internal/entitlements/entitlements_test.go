@@ -294,6 +294,9 @@ func TestSameSecondSuccession(t *testing.T) {
 				{"change not named", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: unnamed}, "unordered"}}, a, "evt_a"},
 				{"wrong previous value", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: wrong}, "unordered"}}, a, "evt_a"},
 				{"a created event never succeeds", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Creation: true, Before: named}, "stale"}}, a, "evt_a"},
+				{"unreadable previous_attributes", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: func() (Subscription, error) {
+					return Subscription{}, errors.New("previous_attributes: not an object")
+				}}, "unordered"}}, a, "evt_a"},
 				{"same state is not a change", []step{{a, evA, "applied"}, {a, Event{ID: "evt_b", Created: t0}, "applied"}}, a, "evt_a"},
 			}
 			for j, c := range cases {

@@ -399,6 +399,12 @@ func TestMissingFieldRefused(t *testing.T) {
 			func(ev map[string]any) {
 				delete(object(ev)["items"].(map[string]any)["data"].([]any)[1].(map[string]any), "price")
 			}, "items.data[1]"},
+		{"item repeated", "customer.subscription.updated.mixed_interval.json",
+			func(ev map[string]any) {
+				items := object(ev)["items"].(map[string]any)
+				data := items["data"].([]any)
+				items["data"] = append(data, data[0])
+			}, "repeats item si_QmunchableBase01"},
 		{"summary without customer", "entitlements.active_entitlement_summary.updated.json",
 			func(ev map[string]any) { delete(object(ev), "customer") }, "customer"},
 		{"checkout without status", "checkout.session.completed.json",
