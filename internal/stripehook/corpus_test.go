@@ -640,7 +640,8 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ p
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // A first delivery of each handled kind is one Postgres round trip, a
-// duplicate none, however rich the rows.
+// duplicate none, however rich the rows; so is a strictly newer or older
+// event (the guard's fast path: only a same-second tie takes more).
 func TestStatementsPerDelivery(t *testing.T) {
 	t.Parallel()
 	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
@@ -674,5 +675,22 @@ func TestStatementsPerDelivery(t *testing.T) {
 		if n := c.n.Load() - before; n != 0 {
 			t.Errorf("%s, duplicate: %d statements, want 0", file, n)
 		}
+	}
+	for _, step := range []struct {
+		id    string
+		shift int64
+	}{{"evt_newer", 1}, {"evt_older", -7200}} {
+		body := edit(t, corpus(t, "customer.subscription.updated.mixed_interval.json"), func(ev map[string]any) {
+			ev["id"] = step.id
+			ev["created"] = ev["created"].(float64) + float64(step.shift)
+		})
+		before := c.n.Load()
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "first")
+		if n := c.n.Load() - before; n != 1 {
+			t.Errorf("%s: %d statements, want 1", step.id, n)
+		}
+	}
+	if got := h.metric(t, "entitlements_stale_events_total"); got != 1 {
+		t.Errorf("entitlements_stale_events_total = %v, want 1 (the older event)", got)
 	}
 }
