@@ -694,3 +694,22 @@ func TestStatementsPerDelivery(t *testing.T) {
 		t.Errorf("entitlements_stale_events_total = %v, want 1 (the older event)", got)
 	}
 }
+
+// HandledTypes and kindOf name the same types.
+func TestHandledTypes(t *testing.T) {
+	t.Parallel()
+	types := HandledTypes()
+	for _, typ := range types {
+		if kindOf(typ) == 0 {
+			t.Errorf("%s is listed but not handled", typ)
+		}
+	}
+	for _, typ := range []string{"customer.subscription.foo", "customer.created", "invoice.paid", "checkout.session", ""} {
+		if kindOf(typ) != 0 {
+			t.Errorf("%s is handled but not listed", typ)
+		}
+	}
+	if len(types) != 13 {
+		t.Errorf("%d handled types, want the contract's 13", len(types))
+	}
+}
