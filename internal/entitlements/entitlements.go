@@ -39,7 +39,8 @@ type Store struct {
 	unordered prometheus.Counter
 }
 
-// NewStore returns a Store on pool.
+// NewStore returns a Store on pool; a nil reg leaves its metrics
+// unregistered (commands that run once, like stripe sync).
 func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 	stale := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "entitlements_stale_events_total",
@@ -49,7 +50,9 @@ func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 		Name: "entitlements_unordered_events_total",
 		Help: "Same-second events neither successor nor provably older, kept out because no STRIPE_API_KEY was set to settle them.",
 	})
-	reg.MustRegister(stale, unordered)
+	if reg != nil {
+		reg.MustRegister(stale, unordered)
+	}
 	return &Store{pool: pool, stale: stale, unordered: unordered}
 }
 
@@ -295,9 +298,9 @@ func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch 
 		// Not found: deleted in between (nothing here deletes rows), so
 		// the event is written as new.
 		if found {
-			t.verdict, t.result.Differs, err = judge(st, sub, ev)
+			t.verdict, t.result.Differs = judge(st, sub, ev)
 		}
-		return t, err
+		return t, nil
 	})
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -294,6 +293,9 @@ func TestSameSecondSuccession(t *testing.T) {
 				{"change not named", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: unnamed}, "unordered"}}, a, "evt_a"},
 				{"wrong previous value", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: wrong}, "unordered"}}, a, "evt_a"},
 				{"a created event never succeeds", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Creation: true, Before: named}, "stale"}}, a, "evt_a"},
+				{"unreadable previous_attributes", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: func() (Subscription, error) {
+					return Subscription{}, errors.New("previous_attributes: not an object")
+				}}, "unordered"}}, a, "evt_a"},
 				{"same state is not a change", []step{{a, evA, "applied"}, {a, Event{ID: "evt_b", Created: t0}, "applied"}}, a, "evt_a"},
 			}
 			for j, c := range cases {
@@ -456,50 +458,6 @@ func TestApplySnapshot(t *testing.T) {
 	// A new subscription the webhooks never saw is inserted.
 	if res, err := s.ApplySnapshot(ctx, base("sub_snap_new"), taken); err != nil || !res.Applied {
 		t.Fatalf("snapshot of a new subscription = %+v, %v", res, err)
-	}
-}
-
-// counter counts the statements a pool sends.
-type counter struct{ n atomic.Int32 }
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// The common case stays one statement: a new subscription, a newer event
-// and an older one each make one round trip.
-func TestFastPathIsOneStatement(t *testing.T) {
-	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var c counter
-	cfg.ConnConfig.Tracer = &c
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := pool.Ping(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	s := NewStore(pool, prometheus.NewRegistry())
-	for _, step := range []struct {
-		id   string
-		at   time.Duration
-		want string
-	}{{"evt_new", 0, "applied"}, {"evt_newer", time.Second, "applied"}, {"evt_older", -time.Second, "stale"}} {
-		before := c.n.Load()
-		res, err := s.Apply(t.Context(), base("sub_fast"), Event{ID: step.id, Created: t0.Add(step.at)}, nil)
-		if err != nil || outcome(res) != step.want {
-			t.Fatalf("%s: %+v, %v", step.id, res, err)
-		}
-		if n := c.n.Load() - before; n != 1 {
-			t.Errorf("%s: %d statements, want 1", step.id, n)
-		}
 	}
 }
 

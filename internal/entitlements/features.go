@@ -130,10 +130,10 @@ func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, li
 					return featureDiff(st, features{f.customerID, ev.Previous, st.complete}), nil
 				}
 			}
-			t.verdict, t.result.Differs, err = order(storedID == ev.ID, false, storedAt, ev.Created, false,
+			t.verdict, t.result.Differs = order(storedID == ev.ID, false, storedAt, ev.Created, false,
 				func() []Field { return featureDiff(st, f) }, before)
 		}
-		return t, err
+		return t, nil
 	})
 }
 

@@ -38,40 +38,42 @@ func (v verdict) String() string {
 //     before the event: admit; otherwise unordered.
 //
 // after and before return the stored fields that differ from the event's
-// state and from the state before it; before is nil when the state before
-// the event cannot be known.
+// state and from the state before it; before is nil, or fails, when the
+// state before the event cannot be known.
 func order(sameEvent, terminal bool, storedAt, at time.Time, creation bool,
-	after func() []Field, before func() ([]Field, error)) (verdict, []Field, error) {
+	after func() []Field, before func() ([]Field, error)) (verdict, []Field) {
 	switch {
 	case sameEvent:
-		return same, nil, nil
+		return same, nil
 	case terminal:
-		return stale, nil, nil
+		return stale, nil
 	case at.After(storedAt):
-		return admit, nil, nil
+		return admit, nil
 	case at.Before(storedAt):
-		return stale, nil, nil
+		return stale, nil
 	case creation:
-		return stale, nil, nil
+		return stale, nil
 	}
 	if len(after()) == 0 {
-		return same, nil, nil
+		return same, nil
 	}
 	if before == nil {
-		return unordered, after(), nil
+		return unordered, after()
 	}
 	differs, err := before()
 	if err != nil {
-		return 0, nil, fmt.Errorf("state before the event: %w", err)
+		// previous_attributes that cannot be read prove nothing; failing
+		// the delivery instead would fail every retry of it.
+		return unordered, after()
 	}
 	if len(differs) == 0 {
-		return admit, nil, nil
+		return admit, nil
 	}
-	return unordered, differs, nil
+	return unordered, differs
 }
 
 // judge applies order to a subscription event.
-func judge(st stored, sub Subscription, ev Event) (verdict, []Field, error) {
+func judge(st stored, sub Subscription, ev Event) (verdict, []Field) {
 	var before func() ([]Field, error)
 	if ev.Before != nil {
 		before = func() ([]Field, error) {

@@ -1,6 +1,7 @@
 package stripehook
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,8 +15,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
@@ -399,6 +403,12 @@ func TestMissingFieldRefused(t *testing.T) {
 			func(ev map[string]any) {
 				delete(object(ev)["items"].(map[string]any)["data"].([]any)[1].(map[string]any), "price")
 			}, "items.data[1]"},
+		{"item repeated", "customer.subscription.updated.mixed_interval.json",
+			func(ev map[string]any) {
+				items := object(ev)["items"].(map[string]any)
+				data := items["data"].([]any)
+				items["data"] = append(data, data[0])
+			}, "repeats item si_QmunchableBase01"},
 		{"summary without customer", "entitlements.active_entitlement_summary.updated.json",
 			func(ev map[string]any) { delete(object(ev), "customer") }, "customer"},
 		{"checkout without status", "checkout.session.completed.json",
@@ -617,5 +627,89 @@ func TestSameSecondChangesLandInOrder(t *testing.T) {
 	}
 	if got, _ := h.subscription(t, "sub_1QmunchableMixed01"); got.LastEventID != "evt_cancel" {
 		t.Errorf("reversed: stored from %s, want evt_cancel", got.LastEventID)
+	}
+}
+
+// statementCounter counts the statements a pool sends.
+type statementCounter struct{ n atomic.Int32 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A first delivery of each handled kind is one Postgres round trip, a
+// duplicate none, however rich the rows; so is a strictly newer or older
+// event (the guard's fast path: only a same-second tie takes more).
+func TestStatementsPerDelivery(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c statementCounter
+	cfg.ConnConfig.Tracer = &c
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, options{pool: pool})
+	for _, file := range []string{
+		"customer.subscription.updated.mixed_interval.json",
+		"entitlements.active_entitlement_summary.updated.json",
+		"checkout.session.completed.json",
+	} {
+		body := corpus(t, file)
+		before := c.n.Load()
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "first")
+		if n := c.n.Load() - before; n != 1 {
+			t.Errorf("%s, first delivery: %d statements, want 1", file, n)
+		}
+		before = c.n.Load()
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "duplicate")
+		if n := c.n.Load() - before; n != 0 {
+			t.Errorf("%s, duplicate: %d statements, want 0", file, n)
+		}
+	}
+	for _, step := range []struct {
+		id    string
+		shift int64
+	}{{"evt_newer", 1}, {"evt_older", -7200}} {
+		body := edit(t, corpus(t, "customer.subscription.updated.mixed_interval.json"), func(ev map[string]any) {
+			ev["id"] = step.id
+			ev["created"] = ev["created"].(float64) + float64(step.shift)
+		})
+		before := c.n.Load()
+		assertAnswer(t, h.post(t, body, time.Now()), 200, "first")
+		if n := c.n.Load() - before; n != 1 {
+			t.Errorf("%s: %d statements, want 1", step.id, n)
+		}
+	}
+	if got := h.metric(t, "entitlements_stale_events_total"); got != 1 {
+		t.Errorf("entitlements_stale_events_total = %v, want 1 (the older event)", got)
+	}
+}
+
+// HandledTypes and kindOf name the same types.
+func TestHandledTypes(t *testing.T) {
+	t.Parallel()
+	types := HandledTypes()
+	for _, typ := range types {
+		if kindOf(typ) == 0 {
+			t.Errorf("%s is listed but not handled", typ)
+		}
+	}
+	for _, typ := range []string{"customer.subscription.foo", "customer.created", "invoice.paid", "checkout.session", ""} {
+		if kindOf(typ) != 0 {
+			t.Errorf("%s is handled but not listed", typ)
+		}
+	}
+	if len(types) != 13 {
+		t.Errorf("%d handled types, want the contract's 13", len(types))
 	}
 }

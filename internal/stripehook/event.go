@@ -3,8 +3,6 @@ package stripehook
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"time"
 
@@ -56,36 +54,52 @@ const (
 	kindCheckout
 )
 
-// handled maps each event type this service acts on to what it writes.
-// Every other type is acknowledged and ignored.
-var handled = map[string]kind{
-	"customer.subscription.created":                   kindSubscription,
-	"customer.subscription.updated":                   kindSubscription,
-	"customer.subscription.deleted":                   kindSubscription,
-	"customer.subscription.paused":                    kindSubscription,
-	"customer.subscription.resumed":                   kindSubscription,
-	"customer.subscription.pending_update_applied":    kindSubscription,
-	"customer.subscription.pending_update_expired":    kindSubscription,
-	"customer.subscription.trial_will_end":            kindSubscription,
-	"entitlements.active_entitlement_summary.updated": kindFeatures,
-	"checkout.session.completed":                      kindCheckout,
-	"checkout.session.expired":                        kindCheckout,
-	"checkout.session.async_payment_succeeded":        kindCheckout,
-	"checkout.session.async_payment_failed":           kindCheckout,
-}
-
-// HandledTypes lists the event types this service acts on, sorted: what
-// to subscribe to in the Stripe dashboard, and what replay asks for.
+// HandledTypes lists the event types this service acts on: what to
+// subscribe to in the Stripe dashboard, and what replay asks for. Every
+// other type is acknowledged and ignored.
 func HandledTypes() []string {
-	return slices.Sorted(maps.Keys(handled))
+	return []string{
+		"customer.subscription.created",
+		"customer.subscription.updated",
+		"customer.subscription.deleted",
+		"customer.subscription.paused",
+		"customer.subscription.resumed",
+		"customer.subscription.pending_update_applied",
+		"customer.subscription.pending_update_expired",
+		"customer.subscription.trial_will_end",
+		"entitlements.active_entitlement_summary.updated",
+		"checkout.session.completed",
+		"checkout.session.expired",
+		"checkout.session.async_payment_succeeded",
+		"checkout.session.async_payment_failed",
+	}
 }
 
-// earliestCreated bounds a believable event time from below; maxAhead
-// bounds it from above. A signed created at the int64 maximum would
-// otherwise be stored as 1969 and let every later event past the guard.
-var earliestCreated = time.Date(2010, 1, 1, 0, 0, 0, 0, time.UTC)
+// kindOf says what a handled type writes (0: not handled). A switch, not a
+// lookup in HandledTypes, because it runs on every delivery.
+func kindOf(typ string) kind {
+	switch typ {
+	case "customer.subscription.created", "customer.subscription.updated",
+		"customer.subscription.deleted", "customer.subscription.paused",
+		"customer.subscription.resumed", "customer.subscription.pending_update_applied",
+		"customer.subscription.pending_update_expired", "customer.subscription.trial_will_end":
+		return kindSubscription
+	case "entitlements.active_entitlement_summary.updated":
+		return kindFeatures
+	case "checkout.session.completed", "checkout.session.expired",
+		"checkout.session.async_payment_succeeded", "checkout.session.async_payment_failed":
+		return kindCheckout
+	}
+	return 0
+}
 
-const maxAhead = 24 * time.Hour
+// An event's created is believable from 2010-01-01T00:00:00Z to a day
+// ahead of the clock. A signed created at the int64 maximum would
+// otherwise be stored as 1969 and let every later event past the guard.
+const (
+	earliestCreated = 1262304000
+	maxAhead        = 24 * time.Hour
+)
 
 // created reads an event's created (Unix seconds) and refuses an absurd one.
 func created(raw json.RawMessage, now time.Time) (time.Time, error) {
@@ -93,7 +107,7 @@ func created(raw json.RawMessage, now time.Time) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("%w: created", errMissing)
 	}
-	if secs < earliestCreated.Unix() || secs > now.Add(maxAhead).Unix() {
+	if secs < earliestCreated || secs > now.Add(maxAhead).Unix() {
 		return time.Time{}, fmt.Errorf("created %d is before 2010 or more than a day ahead", secs)
 	}
 	return time.Unix(secs, 0).UTC(), nil
@@ -112,7 +126,7 @@ func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (clai
 		r.thin.Inc()
 		return out, nil
 	}
-	k := handled[h.Type]
+	k := kindOf(h.Type)
 	if k == 0 {
 		return out, nil
 	}

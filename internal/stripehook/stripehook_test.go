@@ -42,7 +42,8 @@ type options struct {
 	noRedis        bool
 	failClosed     bool
 	handlerTimeout time.Duration
-	api            *client.API // the Stripe API; nil: offline
+	api            *client.API   // the Stripe API; nil: offline
+	pool           *pgxpool.Pool // overrides a fresh test database's pool
 }
 
 // lockedBuffer collects the JSON log lines of concurrent deliveries.
@@ -65,7 +66,10 @@ func (b *lockedBuffer) String() string {
 
 func newHarness(t *testing.T, o options) *harness {
 	t.Helper()
-	h := &harness{pool: dbtest.NewPool(t), reg: prometheus.NewRegistry()}
+	h := &harness{pool: o.pool, reg: prometheus.NewRegistry()}
+	if h.pool == nil {
+		h.pool = dbtest.NewPool(t)
+	}
 	prefix := "webhook"
 	switch {
 	case o.noRedis:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -135,6 +136,11 @@ func (s subscriptionJSON) stored() (entitlements.Subscription, error) {
 	for i, it := range s.Items.Data {
 		if it.ID == "" || it.Price.ID == "" {
 			return entitlements.Subscription{}, fmt.Errorf("%w: subscription %s items.data[%d] id or price.id", errMissing, s.ID, i)
+		}
+		// An item twice would make the item upsert touch one row twice,
+		// which Postgres refuses on every retry.
+		if slices.ContainsFunc(out.Items, func(prev entitlements.Item) bool { return prev.ID == it.ID }) {
+			return entitlements.Subscription{}, fmt.Errorf("subscription %s items.data[%d] repeats item %s", s.ID, i, it.ID)
 		}
 		item := entitlements.Item{
 			ID:                 it.ID,

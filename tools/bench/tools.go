@@ -57,14 +57,30 @@ var pgbenchValues = []string{
 	"-D", "p5=2025-12-31 12:00:00+00",
 	"-D", "p6=false",
 	"-D", "p8=2025-12-01 12:00:00+00",
-	"-D", "p9=incomplete",
+	"-D", "p9=evt_none", // no same-second successor: the fast path
+	"-D", "p10=2026-01-15 12:00:00+00",
+	"-D", "p11=2025-12-01 12:00:00+00",
+	"-D", "p12=2026-01-15 12:00:00+00",
+	"-D", "p13=2025-11-17 12:00:00+00",
+	"-D", "p14=2025-12-01 12:00:00+00",
+	"-D", "p15=void",
+	"-D", "p16=2026-01-15 12:00:00+00",
+	"-D", "p17=false",
+	"-D", "p18={}",
+	"-D", "p19={si_QmunchableItem01}",
+	"-D", "p20={price_1QmunchableMonthly}",
+	"-D", "p21={prod_QmunchablePlan}",
+	"-D", "p22={base_monthly}",
+	"-D", "p23={1}",
+	"-D", "p24={2025-12-01 12:00:00+00}",
+	"-D", "p25={2025-12-31 12:00:00+00}",
 }
 
 // pgbenchScript is the service's upsert with its $n parameters turned into
 // pgbench variables (which pgbench -M prepared sends as parameters again,
 // so the server sees the same statement).
 func pgbenchScript(sql string) string {
-	for i := 9; i >= 1; i-- {
+	for i := 25; i >= 1; i-- {
 		sql = strings.ReplaceAll(sql, "$"+strconv.Itoa(i), ":p"+strconv.Itoa(i))
 	}
 	return "\\set p1 random(1, 999999999999)\n\\set p7 random(1, 999999999999)\n" + strings.TrimSpace(sql) + ";\n"
