@@ -194,8 +194,12 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 }
 
 // threadCandidates lists the Message-IDs m answers, most direct first: those
-// of In-Reply-To, then References from the newest (last) back.
+// of In-Reply-To, then References from the newest (last) back. A form
+// message answers none: it starts its own thread.
 func threadCandidates(m Message) []string {
+	if m.Source != SourceEmail {
+		return nil
+	}
 	out := MessageIDs(m.InReplyTo)
 	for _, ref := range slices.Backward(m.References) {
 		out = append(out, ref)
@@ -221,7 +225,7 @@ func MessageIDs(header string) []string {
 		out = append(out, rest[start:start+end+1])
 		rest = rest[start+end+1:]
 	}
-	if len(out) == 0 && header != "" && !strings.ContainsAny(header, " \t\r\n") {
+	if len(out) == 0 && header != "" && !strings.ContainsAny(header, "<> \t\r\n") {
 		out = append(out, header)
 	}
 	return out
