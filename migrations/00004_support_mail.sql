@@ -45,6 +45,11 @@ CREATE TABLE support_attachments (
     UNIQUE (support_message_id, external_id)
 );
 
+-- Attachments are mostly images, PDFs and archives, compressed already:
+-- storing them out of line without pglz spares Postgres a compression pass
+-- that gains nothing.
+ALTER TABLE support_attachments ALTER COLUMN content SET STORAGE EXTERNAL;
+
 -- +goose Down
 DROP TABLE support_attachments;
 DROP INDEX support_messages_thread;

@@ -1,8 +1,8 @@
 package resendhook
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -47,14 +47,15 @@ type downloader struct {
 	max int64
 }
 
-// fetch returns a as a support attachment: with its content when it is at
-// most d.max bytes, else without and with the reason. listedSize is the
-// size the email listed (-1: none). A 404 or 410 from the download URL
-// records the attachment without content; any other failure (5xx, 429, a
-// 403 for an expired URL, a timeout) is an error that fails the delivery,
-// and Svix's retry lists the attachments again with fresh URLs.
-func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedSize int64) (support.Attachment, error) {
-	out := support.Attachment{
+// store downloads a and adds it to w: with its content, streamed from the
+// download into the row, when it is at most d.max bytes; else without, and
+// with the reason. listedSize is the size the email listed (-1: none). A
+// 404 or 410 from the download URL records the attachment without content;
+// any other failure (5xx, 429, a 403 for an expired URL, a timeout) is an
+// error that fails the delivery, and Svix's retry lists the attachments
+// again with fresh URLs.
+func (d downloader) store(ctx context.Context, a resend.EmailAttachment, listedSize int64, w *support.Attachments) error {
+	at := support.Attachment{
 		ExternalID:         a.Id,
 		Filename:           a.Filename,
 		ContentType:        a.ContentType,
@@ -63,67 +64,58 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 		Size:               listedSize,
 	}
 	if listedSize > d.max {
-		out.NoContentReason = support.NoContentTooLarge
-		return out, nil
+		at.NoContentReason = support.NoContentTooLarge
+		return w.Add(ctx, at, nil)
 	}
 	u, err := url.Parse(a.DownloadUrl)
 	if a.DownloadUrl == "" || err != nil || (u.Scheme != "https" && u.Scheme != "http") {
-		out.NoContentReason = support.NoContentNoDownloadURL
-		return out, nil
+		at.NoContentReason = support.NoContentNoDownloadURL
+		return w.Add(ctx, at, nil)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return support.Attachment{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
+		return fmt.Errorf("download attachment %s: %w", a.Id, err)
 	}
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return support.Attachment{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
+		return fmt.Errorf("download attachment %s: %w", a.Id, err)
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
-		out.NoContentReason = support.NoContentNotFound
-		return out, nil
+		at.NoContentReason = support.NoContentNotFound
+		return w.Add(ctx, at, nil)
 	case resp.StatusCode == http.StatusGone:
-		out.NoContentReason = support.NoContentGone
-		return out, nil
+		at.NoContentReason = support.NoContentGone
+		return w.Add(ctx, at, nil)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return support.Attachment{}, fmt.Errorf("download attachment %s: %s", a.Id, resp.Status)
+		return fmt.Errorf("download attachment %s: %s", a.Id, resp.Status)
 	}
 	if resp.ContentLength > d.max {
-		out.Size, out.NoContentReason = resp.ContentLength, support.NoContentTooLarge
-		return out, nil
+		at.Size, at.NoContentReason = resp.ContentLength, support.NoContentTooLarge
+		return w.Add(ctx, at, nil)
 	}
-	content, size, err := readAtMost(resp.Body, resp.ContentLength, d.max)
+	if resp.ContentLength >= 0 {
+		at.Size = resp.ContentLength
+		return w.Add(ctx, at, resp.Body)
+	}
+	// No Content-Length: the size is known only once read, and COPY needs
+	// it first, so this one is held in memory (at most d.max bytes).
+	content, size, err := readAtMost(resp.Body, d.max)
 	if err != nil {
-		return support.Attachment{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
+		return fmt.Errorf("download attachment %s: %w", a.Id, err)
 	}
-	out.Size = size
+	at.Size = size
 	if content == nil {
-		out.NoContentReason = support.NoContentTooLarge
-		return out, nil
+		at.NoContentReason = support.NoContentTooLarge
+		return w.Add(ctx, at, nil)
 	}
-	out.Content = content
-	return out, nil
+	return w.Add(ctx, at, bytes.NewReader(content))
 }
 
 // readAtMost reads r whole and returns its bytes and size, or, when it has
-// more than max bytes, nil and the size counted to its end. With the length
-// known (Content-Length, else -1) the content is read into one buffer of
-// exactly that size: one copy, no growing.
-func readAtMost(r io.Reader, length, max int64) ([]byte, int64, error) {
-	if length >= 0 {
-		buf := make([]byte, length)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, 0, err
-		}
-		// A server that sends more than it announced is refused rather
-		// than trusted.
-		if n, _ := io.Copy(io.Discard, io.LimitReader(r, 1)); n > 0 {
-			return nil, 0, errors.New("body longer than its Content-Length")
-		}
-		return buf, length, nil
-	}
+// more than max bytes, nil and the size counted to its end.
+func readAtMost(r io.Reader, max int64) ([]byte, int64, error) {
 	buf, err := io.ReadAll(io.LimitReader(r, max+1))
 	if err != nil {
 		return nil, 0, err
@@ -138,10 +130,10 @@ func readAtMost(r io.Reader, length, max int64) ([]byte, int64, error) {
 	return nil, int64(len(buf)) + rest, nil
 }
 
-// storeAttachments lists the email's attachments, downloads each in turn
-// and adds it to the message being inserted, so that at most one
-// attachment's content is held at a time. An email whose answer listed no
-// attachments costs no API call.
+// storeAttachments lists the email's attachments and streams each in turn
+// from its download into the message being inserted: no attachment is
+// held in memory whole. An email whose answer listed no attachments costs
+// no API call.
 func (h *handler) storeAttachments(ctx context.Context, e *receivedEmail, w *support.Attachments) error {
 	if e.Attachments != nil && len(*e.Attachments) == 0 {
 		return nil
@@ -158,16 +150,17 @@ func (h *handler) storeAttachments(ctx context.Context, e *receivedEmail, w *sup
 	if err != nil {
 		return err
 	}
+	seen := map[string]bool{}
 	for _, a := range listed {
+		if seen[a.Id] { // one row per attachment id, even if listed twice
+			continue
+		}
+		seen[a.Id] = true
 		size, ok := sizes[a.Id]
 		if !ok {
 			size = -1
 		}
-		at, err := h.downloads.fetch(ctx, a, size)
-		if err != nil {
-			return err
-		}
-		if err := w.Add(ctx, at); err != nil {
+		if err := h.downloads.store(ctx, a, size, w); err != nil {
 			return err
 		}
 	}

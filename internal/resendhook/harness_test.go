@@ -59,6 +59,8 @@ type fakeResend struct {
 type fakeAttachment struct {
 	ID, Filename, ContentType, ContentDisposition, ContentID string
 	Content                                                  []byte
+	// Chunked sends the download without a Content-Length.
+	Chunked bool
 }
 
 func newFakeResend(t testing.TB) *fakeResend {
@@ -133,6 +135,10 @@ func (f *fakeResend) failWith(id string, status int) {
 	defer f.mu.Unlock()
 	f.fail[id] = status
 }
+
+// hangDownload, as a status for failDownloads, makes the download wait
+// until the client gives up.
+const hangDownload = -1
 
 // failDownloads makes the next downloads of attachment id answer statuses,
 // one each, in order.
@@ -269,11 +275,11 @@ func (f *fakeResend) download(w http.ResponseWriter, r *http.Request) {
 	if next := f.failNext[id]; len(next) > 0 {
 		status, f.failNext[id] = next[0], next[1:]
 	}
-	var content []byte
+	var att fakeAttachment
 	found := false
 	for _, a := range f.attachments[email] {
 		if a.ID == id {
-			content, found = a.Content, true
+			att, found = a, true
 		}
 	}
 	f.mu.Unlock()
@@ -282,14 +288,23 @@ func (f *fakeResend) download(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the API key must not reach the CDN", http.StatusBadRequest)
 	case r.URL.Query().Get("signature") != "sig-123":
 		http.Error(w, "AccessDenied", http.StatusForbidden)
+	case status == hangDownload:
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second): // never outlive a broken test
+		}
 	case status != 0:
 		http.Error(w, http.StatusText(status), status)
 	case !found:
 		http.Error(w, "NoSuchKey", http.StatusNotFound)
+	case att.Chunked:
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.(http.Flusher).Flush() // headers out now: no Content-Length
+		_, _ = w.Write(att.Content)
 	default:
 		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.Itoa(len(content)))
-		_, _ = w.Write(content)
+		w.Header().Set("Content-Length", strconv.Itoa(len(att.Content)))
+		_, _ = w.Write(att.Content)
 	}
 }
 
@@ -312,13 +327,29 @@ type options struct {
 	attachmentMax int64
 	// quiet logs at warn and above only (benchmarks).
 	quiet bool
+	// poolSize, when set, is the Postgres pool's size (the service's
+	// default is 16); else pgxpool's default.
+	poolSize int32
 }
 
 const inboundDomain = "@Inbound.Munchable.app"
 
 func newHarness(t testing.TB, o options) *harness {
 	t.Helper()
-	h := &harness{pool: dbtest.NewPool(t), api: newFakeResend(t), reg: prometheus.NewRegistry()}
+	h := &harness{api: newFakeResend(t), reg: prometheus.NewRegistry()}
+	if o.poolSize == 0 {
+		h.pool = dbtest.NewPool(t)
+	} else {
+		cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = o.poolSize
+		if h.pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.pool.Close)
+	}
 	prefix := "test-no-redis"
 	if !o.noRedis {
 		h.rdb, prefix = dbtest.Redis(t)

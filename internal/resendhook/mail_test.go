@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -259,7 +260,7 @@ func TestInlineImage(t *testing.T) {
 
 // TestOversizeAttachment: content over the limit is not stored, its size
 // is; a size the email lists spares the download, else the download's
-// Content-Length decides.
+// Content-Length decides, else the bytes counted.
 func TestOversizeAttachment(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, options{attachmentMax: 1000})
@@ -268,12 +269,20 @@ func TestOversizeAttachment(t *testing.T) {
 	bigUnlisted := big
 	bigUnlisted.ID = "9e8d7c6b-0000-4000-8000-0000000b1655"
 	small := logo // 1000 bytes or fewer: stored
+	// Without a size listed or a Content-Length, the content is read to
+	// learn its size.
+	bigChunked := bigUnlisted
+	bigChunked.ID, bigChunked.Chunked = "9e8d7c6b-0000-4000-8000-00000c4u4ked", true
+	smallChunked := logo
+	smallChunked.ID, smallChunked.Chunked = "2a0c9ce0-3112-4728-976e-00000c4u4ked", true
 
 	h.api.addEmail(t, emailID, func(e map[string]any) {
-		// The email's list gives no size for the second: only the
-		// download can tell.
-		(e["attachments"].([]any))[1].(map[string]any)["size"] = nil
-	}, big, bigUnlisted, small)
+		// The email's list gives no size for these: only the download can
+		// tell.
+		for _, i := range []int{1, 3, 4} {
+			(e["attachments"].([]any))[i].(map[string]any)["size"] = nil
+		}
+	}, big, bigUnlisted, small, bigChunked, smallChunked)
 
 	checkAnswer(t, "oversize attachments", answerOf(t, h.deliver(t, "msg_1", receivedEvent(t, emailID, nil))), processed)
 
@@ -281,6 +290,8 @@ func TestOversizeAttachment(t *testing.T) {
 		withoutContent(emailID, big, "too_large"),
 		withoutContent(emailID, bigUnlisted, "too_large"),
 		stored(emailID, small),
+		withoutContent(emailID, bigChunked, "too_large"),
+		stored(emailID, smallChunked),
 	})
 	if got := h.api.downloadCount(big.ID); got != 0 {
 		t.Errorf("downloads of the listed oversize attachment = %d, want 0", got)
@@ -313,6 +324,21 @@ func TestAttachmentDownloadFails(t *testing.T) {
 			checkAttachments(t, h, []attachmentRow{stored(emailID, screenshot)})
 		})
 	}
+}
+
+// TestAttachmentDownloadHangs: a download still running at the handler
+// deadline fails the delivery; the retry stores the mail.
+func TestAttachmentDownloadHangs(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{handlerTimeout: 300 * time.Millisecond})
+	h.api.addEmail(t, emailID, nil, screenshot)
+	h.api.failDownloads(screenshot.ID, hangDownload)
+	body := receivedEvent(t, emailID, nil)
+
+	checkAnswer(t, "download hangs", answerOf(t, h.deliver(t, "msg_1", body)), failed)
+	checkRows(t, h, nil)
+	checkAnswer(t, "retry", answerOf(t, h.deliver(t, "msg_1", body)), processed)
+	checkAttachments(t, h, []attachmentRow{stored(emailID, screenshot)})
 }
 
 // TestAttachmentGone: a 404 or 410 from the download URL will not change

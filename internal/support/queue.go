@@ -3,10 +3,14 @@
 package support
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -231,9 +235,7 @@ func MessageIDs(header string) []string {
 	return out
 }
 
-// Attachment is one file of a queued mail. Content is nil when it was not
-// stored; NoContentReason then says why and Size, when known (else -1),
-// what it would have been.
+// Attachment is one file of a queued mail, as Attachments.Add stores it.
 type Attachment struct {
 	// ExternalID is the provider's attachment id, unique per message.
 	ExternalID         string
@@ -241,9 +243,10 @@ type Attachment struct {
 	ContentType        string
 	ContentDisposition string
 	// ContentID matches a "cid:" reference in the message's HTML.
-	ContentID       string
-	Size            int64
-	Content         []byte
+	ContentID string
+	// Size is the content's length in bytes, -1 when unknown.
+	Size int64
+	// NoContentReason says why the content is not stored; "" when it is.
 	NoContentReason string
 }
 
@@ -262,34 +265,112 @@ type Attachments struct {
 	messageID int64
 }
 
-const insertAttachmentSQL = `
-INSERT INTO support_attachments (
-    support_message_id, external_id, filename, content_type,
-    content_disposition, content_id, size, content, sha256, no_content_reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (support_message_id, external_id) DO NOTHING`
+// copyAttachmentSQL streams one row in COPY's binary format (see
+// attachmentCopy): a bytea parameter of an INSERT would be copied whole
+// into pgx's buffers twice, while COPY sends the content on in 64 KiB
+// pieces as it is read.
+const copyAttachmentSQL = `COPY support_attachments (
+    support_message_id, external_id, filename, content_type, content_disposition,
+    content_id, size, no_content_reason, content, sha256) FROM STDIN WITH (FORMAT binary)`
 
-// Add stores a. The content goes to Postgres as it is (binary bytea), so
-// the caller's buffer is the only copy besides the connection's write
-// buffer. An attachment id listed twice is stored once.
-func (a *Attachments) Add(ctx context.Context, at Attachment) error {
-	var sum []byte
-	if at.Content != nil {
-		s := sha256.Sum256(at.Content)
-		sum = s[:]
+// Add stores at. With content non-nil, exactly at.Size bytes of it are
+// streamed into the row as they are read, and their SHA-256 beside them;
+// fewer bytes (a download cut short) fail the whole transaction. With
+// content nil, the row records the attachment without it.
+func (a *Attachments) Add(ctx context.Context, at Attachment, content io.Reader) error {
+	if content != nil && (at.Size < 0 || at.Size > math.MaxInt32) {
+		return fmt.Errorf("store attachment %s: content of size %d", at.ExternalID, at.Size)
 	}
-	var size *int64
-	if at.Size >= 0 {
-		size = &at.Size
-	}
-	_, err := a.tx.Exec(ctx, insertAttachmentSQL, a.messageID, cleanText(at.ExternalID),
-		nullString(cleanText(at.Filename)), nullString(cleanText(at.ContentType)),
-		nullString(cleanText(at.ContentDisposition)), nullString(cleanText(at.ContentID)),
-		size, at.Content, sum, nullString(at.NoContentReason))
-	if err != nil {
+	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, attachmentCopy(a.messageID, at, content), copyAttachmentSQL); err != nil {
 		return fmt.Errorf("store attachment %s: %w", at.ExternalID, err)
 	}
 	return nil
+}
+
+// attachmentCopy is the COPY binary stream of one support_attachments row:
+// the header, the fields before the content, the content as it is read,
+// then its SHA-256 (known only once the content is through) and the
+// trailer.
+func attachmentCopy(messageID int64, at Attachment, content io.Reader) io.Reader {
+	b := append([]byte("PGCOPY\n\xff\r\n\x00"), 0, 0, 0, 0, 0, 0, 0, 0) // signature, flags, no extension
+	b = binary.BigEndian.AppendUint16(b, 10)                            // fields
+	b = appendInt8(b, messageID)
+	for _, s := range []string{at.ExternalID, at.Filename, at.ContentType, at.ContentDisposition, at.ContentID} {
+		b = appendText(b, cleanText(s))
+	}
+	if at.Size < 0 {
+		b = appendNull(b)
+	} else {
+		b = appendInt8(b, at.Size)
+	}
+	b = appendText(b, at.NoContentReason)
+	if content == nil {
+		b = appendNull(b) // content
+		b = appendNull(b) // sha256
+		return bytes.NewReader(binary.BigEndian.AppendUint16(b, 0xffff))
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(at.Size))
+	h := sha256.New()
+	tail := func() []byte {
+		t := binary.BigEndian.AppendUint32(nil, sha256.Size)
+		return binary.BigEndian.AppendUint16(h.Sum(t), 0xffff)
+	}
+	return io.MultiReader(bytes.NewReader(b), io.TeeReader(&exactly{r: content, left: at.Size}, h), &lazyReader{make: tail})
+}
+
+func appendInt8(b []byte, v int64) []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(b, 8), uint64(v))
+}
+
+// appendText appends a text field, NULL for "".
+func appendText(b []byte, s string) []byte {
+	if s == "" {
+		return appendNull(b)
+	}
+	return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
+}
+
+func appendNull(b []byte) []byte {
+	return binary.BigEndian.AppendUint32(b, 0xffffffff)
+}
+
+// exactly reads left bytes of r, and fails with io.ErrUnexpectedEOF if r
+// ends before.
+type exactly struct {
+	r    io.Reader
+	left int64
+}
+
+func (e *exactly) Read(p []byte) (int, error) {
+	if e.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > e.left {
+		p = p[:e.left]
+	}
+	n, err := e.r.Read(p)
+	e.left -= int64(n)
+	if errors.Is(err, io.EOF) {
+		if e.left > 0 {
+			return n, io.ErrUnexpectedEOF
+		}
+		err = nil
+	}
+	return n, err
+}
+
+// lazyReader reads what make returns, called at the first Read: after the
+// readers before it in an io.MultiReader are done.
+type lazyReader struct {
+	make func() []byte
+	r    *bytes.Reader
+}
+
+func (l *lazyReader) Read(p []byte) (int, error) {
+	if l.r == nil {
+		l.r = bytes.NewReader(l.make())
+	}
+	return l.r.Read(p)
 }
 
 const getSQL = `

@@ -1,9 +1,11 @@
 package support_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,23 +338,29 @@ func TestEnqueueWithAttachments(t *testing.T) {
 	ctx := context.Background()
 	content := []byte("%PDF-1.7 receipt")
 	attach := func(ctx context.Context, w *support.Attachments) error {
-		if err := w.Add(ctx, support.Attachment{ExternalID: "att_1", Filename: "receipt.pdf", Size: int64(len(content)), Content: content}); err != nil {
+		if err := w.Add(ctx, support.Attachment{ExternalID: "att_1", Filename: "receipt.pdf", Size: int64(len(content))}, bytes.NewReader(content)); err != nil {
 			return err
 		}
-		return w.Add(ctx, support.Attachment{ExternalID: "att_2", Size: -1, NoContentReason: support.NoContentNotFound})
+		return w.Add(ctx, support.Attachment{ExternalID: "att_2", Size: -1, NoContentReason: support.NoContentNotFound}, nil)
 	}
-	failing := func(ctx context.Context, w *support.Attachments) error {
-		if err := attach(ctx, w); err != nil {
-			return err
+	failing := map[string]func(ctx context.Context, w *support.Attachments) error{
+		"attach fails after its first attachment": func(ctx context.Context, w *support.Attachments) error {
+			if err := attach(ctx, w); err != nil {
+				return err
+			}
+			return errors.New("download failed")
+		},
+		"content shorter than its size": func(ctx context.Context, w *support.Attachments) error {
+			return w.Add(ctx, support.Attachment{ExternalID: "att_1", Size: int64(len(content)) + 1}, bytes.NewReader(content))
+		},
+	}
+	for name, f := range failing {
+		if _, _, err := q.EnqueueWith(ctx, mailMessage("em_1"), f); err == nil {
+			t.Fatalf("%s: EnqueueWith succeeded", name)
 		}
-		return errors.New("download failed")
-	}
-
-	if _, _, err := q.EnqueueWith(ctx, mailMessage("em_1"), failing); err == nil {
-		t.Fatal("EnqueueWith with a failing attach succeeded")
-	}
-	if n := len(rows(t, pool)); n != 0 || attachmentCount(t, pool) != 0 {
-		t.Fatalf("after a failed attach: %d messages, %d attachments; want none", n, attachmentCount(t, pool))
+		if n := len(rows(t, pool)); n != 0 || attachmentCount(t, pool) != 0 {
+			t.Fatalf("%s: %d messages, %d attachments; want none", name, n, attachmentCount(t, pool))
+		}
 	}
 
 	id, inserted, err := q.EnqueueWith(ctx, mailMessage("em_1"), attach)
@@ -418,7 +426,7 @@ func TestEnqueueWithConcurrent(t *testing.T) {
 			_, _, errs[i] = q.EnqueueWith(context.Background(), mailMessage("em_"+string(rune('a'+i))),
 				func(ctx context.Context, w *support.Attachments) error {
 					attached.Add(1)
-					return w.Add(ctx, support.Attachment{ExternalID: "att_1", Size: 3, Content: []byte("abc")})
+					return w.Add(ctx, support.Attachment{ExternalID: "att_1", Size: 3}, strings.NewReader("abc"))
 				})
 		})
 	}
