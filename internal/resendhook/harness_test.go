@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -42,6 +43,12 @@ const apiKey = "re_test_9c1f0b2e"
 type fakeResend struct {
 	srv     *httptest.Server
 	fixture []byte
+	// listPage is attachments.json, and listItem its first entry: the
+	// template of every attachment listed. apiErrors are errors.json's
+	// bodies by status.
+	listPage  map[string]any
+	listItem  map[string]any
+	apiErrors map[string]json.RawMessage
 
 	mu          sync.Mutex
 	emails      map[string][]byte
@@ -65,12 +72,15 @@ type fakeAttachment struct {
 
 func newFakeResend(t testing.TB) *fakeResend {
 	t.Helper()
-	fixture, err := os.ReadFile("../../testdata/resend/received_email.json")
-	if err != nil {
-		t.Fatal(err)
+	read := func(name string) []byte {
+		b, err := os.ReadFile("../../testdata/resend/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
 	f := &fakeResend{
-		fixture:     fixture,
+		fixture:     read("received_email.json"),
 		emails:      map[string][]byte{},
 		attachments: map[string][]fakeAttachment{},
 		fail:        map[string]int{},
@@ -80,6 +90,18 @@ func newFakeResend(t testing.TB) *fakeResend {
 		lists:       map[string]int{},
 		downloads:   map[string]int{},
 		query:       map[string]string{},
+	}
+	if err := json.Unmarshal(read("errors.json"), &f.apiErrors); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(read("attachments.json"), &f.listPage); err != nil {
+		t.Fatal(err)
+	}
+	if data, ok := f.listPage["data"].([]any); ok && len(data) > 0 {
+		f.listItem, _ = data[0].(map[string]any)
+	}
+	if f.listItem == nil {
+		t.Fatal("attachments.json lists no attachment to copy")
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /emails/receiving/{id}", f.get)
@@ -189,17 +211,21 @@ func (f *fakeResend) totalFetches() int {
 	return n
 }
 
-// apiError writes one of Resend's error bodies
-// (https://resend.com/docs/api-reference/errors).
-func apiError(w http.ResponseWriter, status int, name, message string) {
+// apiError writes Resend's error body for status (errors.json; a 5xx
+// without one of its own gets the 500's).
+func (f *fakeResend) apiError(w http.ResponseWriter, status int) {
+	body, ok := f.apiErrors[strconv.Itoa(status)]
+	if !ok {
+		body = f.apiErrors["500"]
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"statusCode": status, "name": name, "message": message})
+	_, _ = w.Write(body)
 }
 
-func authorized(w http.ResponseWriter, r *http.Request) bool {
+func (f *fakeResend) authorized(w http.ResponseWriter, r *http.Request) bool {
 	if r.Header.Get("Authorization") != "Bearer "+apiKey {
-		apiError(w, http.StatusUnauthorized, "missing_api_key", "Missing API key in the authorization header.")
+		f.apiError(w, http.StatusUnauthorized)
 		return false
 	}
 	return true
@@ -215,7 +241,7 @@ func (f *fakeResend) get(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 
 	switch {
-	case !authorized(w, r):
+	case !f.authorized(w, r):
 	case hang:
 		select {
 		case <-r.Context().Done():
@@ -226,11 +252,11 @@ func (f *fakeResend) get(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("ratelimit-remaining", "0")
 		w.Header().Set("ratelimit-reset", "1")
 		w.Header().Set("retry-after", "1")
-		apiError(w, status, "rate_limit_exceeded", "Too many requests. Please limit the number of requests per second.")
+		f.apiError(w, status)
 	case status != 0:
-		apiError(w, status, "internal_server_error", "An unexpected error occurred.")
+		f.apiError(w, status)
 	case !known:
-		apiError(w, http.StatusNotFound, "not_found", "Email not found")
+		f.apiError(w, http.StatusNotFound)
 	default:
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(body)
@@ -245,24 +271,25 @@ func (f *fakeResend) list(w http.ResponseWriter, r *http.Request) {
 	f.lists[id]++
 	atts, known := f.attachments[id]
 	f.mu.Unlock()
-	if !authorized(w, r) {
+	if !f.authorized(w, r) {
 		return
 	}
 	if !known {
-		apiError(w, http.StatusNotFound, "not_found", "Email not found")
+		f.apiError(w, http.StatusNotFound)
 		return
 	}
+	page := maps.Clone(f.listPage)
 	data := []any{}
 	for _, a := range atts {
-		data = append(data, map[string]any{
-			"id": a.ID, "filename": a.Filename, "size": len(a.Content), "content_type": a.ContentType,
-			"content_disposition": nullable(a.ContentDisposition), "content_id": nullable(a.ContentID),
-			"download_url": f.srv.URL + "/cdn/" + id + "/attachments/" + a.ID + "?some-params=example&signature=sig-123",
-			"expires_at":   time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000Z"),
-		})
+		item := maps.Clone(f.listItem)
+		item["id"], item["filename"], item["size"], item["content_type"] = a.ID, a.Filename, len(a.Content), a.ContentType
+		item["content_disposition"], item["content_id"] = nullable(a.ContentDisposition), nullable(a.ContentID)
+		item["download_url"] = f.srv.URL + "/cdn/" + id + "/attachments/" + a.ID + "?some-params=example&signature=sig-123"
+		data = append(data, item)
 	}
+	page["data"] = data
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "has_more": false, "data": data})
+	_ = json.NewEncoder(w).Encode(page)
 }
 
 // download serves an attachment's content from its signed URL, as the CDN
