@@ -204,9 +204,7 @@ func withoutContent(message string, a fakeAttachment, reason string) attachmentR
 
 func checkAttachments(t *testing.T, h *harness, want []attachmentRow) {
 	t.Helper()
-	if diff := cmp.Diff(want, h.attachmentRows(t)); diff != "" {
-		t.Errorf("support_attachments (-want +got):\n%s", diff)
-	}
+	checkTable(t, "support_attachments", want, h.attachmentRows(t))
 }
 
 // TestAttachmentOnlyMail: a phone mail with nothing but a screenshot is a

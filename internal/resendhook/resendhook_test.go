@@ -54,8 +54,13 @@ func checkAnswer(t *testing.T, what string, got, want answer) {
 
 func checkRows(t *testing.T, h *harness, want []row) {
 	t.Helper()
-	if diff := cmp.Diff(want, h.rows(t)); diff != "" {
-		t.Errorf("support_messages (-want +got):\n%s", diff)
+	checkTable(t, "support_messages", want, h.rows(t))
+}
+
+func checkTable[R any](t *testing.T, table string, want, got []R) {
+	t.Helper()
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", table, diff)
 	}
 }
 
