@@ -72,7 +72,8 @@ func (d downloader) store(ctx context.Context, a resend.EmailAttachment, listedS
 		at.NoContentReason = support.NoContentNoDownloadURL
 		return w.Add(ctx, at, nil)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	// The URL as given: its signature covers it byte for byte.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.DownloadUrl, nil)
 	if err != nil {
 		return fmt.Errorf("download attachment %s: %w", a.Id, err)
 	}

@@ -25,7 +25,7 @@ var errNotFound = errors.New("resend API answered 404 (check RESEND_API_URL, and
 
 // errNotTheEmail is an API answer that is not the email asked for: no id,
 // or another one.
-var errNotTheEmail = errors.New("resend API answered with another email")
+var errNotTheEmail = errors.New("resend API answered with something other than the announced email")
 
 // notFoundTransport turns a 404 from the Resend API into errNotFound.
 // resend-go folds every error status but 429 into a bare error string, so
@@ -84,7 +84,7 @@ type receivedEmail struct {
 	Subject   string `json:"subject"`
 	HTML      string `json:"html"`
 	Text      string `json:"text"`
-	// ReplyTo is a list of addresses; read like the recipients.
+	// ReplyTo is a list of addresses (firstAddress reads it).
 	ReplyTo   json.RawMessage `json:"reply_to"`
 	Headers   headers         `json:"headers"`
 	MessageID string          `json:"message_id"`
