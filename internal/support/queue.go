@@ -138,6 +138,7 @@ func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.
 	}
 	for range enqueueAttempts {
 		err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
+			var err error
 			id, inserted, err = enqueue(ctx, tx, m)
 			if err != nil || !inserted || attach == nil {
 				return err
