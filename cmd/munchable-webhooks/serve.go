@@ -103,6 +103,8 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 				Inbound:    cfg.inbound,
 				Logger:     logger,
 				Registerer: registry,
+
+				AttachmentMaxBytes: cfg.SupportAttachmentMaxBytes,
 			}),
 		support.FormHandler(queue, logger),
 		support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies),

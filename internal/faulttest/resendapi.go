@@ -10,9 +10,11 @@ import (
 	"sync/atomic"
 )
 
-// ResendAPI is a fake of the one Resend API call the service makes,
-// GET /emails/receiving/{email_id}. It answers the emails added to it, 404
-// for any other id, and lets a test hold, delay or fail a fetch with a hook.
+// ResendAPI is a fake of the Resend API calls the service makes for a
+// received email: GET /emails/receiving/{email_id} (with html_format=cid)
+// and GET /emails/receiving/{email_id}/attachments. It answers the emails
+// added to it, which have no attachments, 404 for any other id, and lets a
+// test hold, delay or fail a fetch of the email with a hook.
 type ResendAPI struct {
 	srv     *httptest.Server
 	fetches atomic.Int64
@@ -61,7 +63,8 @@ func (a *ResendAPI) Fetches() int64 { return a.fetches.Load() }
 
 func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 	id, ok := strings.CutPrefix(r.URL.Path, "/emails/receiving/")
-	if r.Method != http.MethodGet || !ok || id == "" {
+	id, list := strings.CutSuffix(id, "/attachments")
+	if r.Method != http.MethodGet || !ok || id == "" || strings.Contains(id, "/") {
 		http.Error(w, `{"message":"not found"}`, http.StatusNotFound)
 		return
 	}
@@ -69,10 +72,14 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"message":"invalid api key"}`, http.StatusUnauthorized)
 		return
 	}
-	a.fetches.Add(1)
 	a.mu.Lock()
 	hook, body := a.hook, a.emails[id]
 	a.mu.Unlock()
+	if list {
+		a.listAttachments(w, body != nil)
+		return
+	}
+	a.fetches.Add(1)
 	if hook != nil {
 		if status := hook(r.Context(), id); status != 0 {
 			w.Header().Set("Content-Type", "application/json")
@@ -89,4 +96,16 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
+}
+
+// listAttachments answers the attachments of a known email: none, as the
+// emails this fake holds list none.
+func (a *ResendAPI) listAttachments(w http.ResponseWriter, known bool) {
+	w.Header().Set("Content-Type", "application/json")
+	if !known {
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"statusCode":404,"message":"Email not found","name":"not_found"}`))
+		return
+	}
+	_, _ = w.Write([]byte(`{"object":"list","has_more":false,"data":[]}`))
 }

@@ -1,29 +1,37 @@
 package resendhook
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/mail"
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/resend/resend-go/v3"
 
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
-// errEmailNotFound is the Resend API's 404 for a received email.
-var errEmailNotFound = errors.New("received email not found")
+// errNotFound is the Resend API's 404. For a received email Resend has just
+// announced, it means this service asks the wrong API (RESEND_API_URL) or
+// with another team's key (RESEND_API_KEY): never that the mail is gone.
+var errNotFound = errors.New("resend API answered 404 (check RESEND_API_URL, and that RESEND_API_KEY is of the team that receives the mail)")
 
-// notFoundTransport turns a 404 from the Resend API into errEmailNotFound.
+// errNotTheEmail is an API answer that is not the email asked for: no id,
+// or another one.
+var errNotTheEmail = errors.New("resend API answered with something other than the announced email")
+
+// notFoundTransport turns a 404 from the Resend API into errNotFound.
 // resend-go folds every error status but 429 into a bare error string, so
-// by the time GetWithContext returns, a 404 (acknowledge: the email is gone
-// and no retry will bring it back) cannot be told from a 500 (fail: the
-// retry may succeed). Only the transport still sees the status. http.Client
-// wraps the transport's error in a *url.Error, which unwraps, so errors.Is
-// finds the sentinel.
+// by the time Perform returns, a 404 cannot be told from a 500; only the
+// transport still sees the status. http.Client wraps the transport's error
+// in a *url.Error, which unwraps, so errors.Is finds the sentinel.
 type notFoundTransport struct {
 	base http.RoundTripper
 }
@@ -37,7 +45,7 @@ func (t notFoundTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
-		return nil, errEmailNotFound
+		return nil, errNotFound
 	}
 	return resp, nil
 }
@@ -64,17 +72,102 @@ func apiBase(apiURL *url.URL) *url.URL {
 	return &u
 }
 
+// receivedEmail is what GET /emails/receiving/{id} answers, decoded into
+// what the service keeps. It is local because resend-go v3.1.1's
+// ReceivedEmail has no authentication, no attachment sizes, and reads
+// headers as strings only (a header Resend sends as a list would fail the
+// whole answer).
+type receivedEmail struct {
+	ID        string `json:"id"`
+	From      string `json:"from"`
+	CreatedAt string `json:"created_at"`
+	Subject   string `json:"subject"`
+	HTML      string `json:"html"`
+	Text      string `json:"text"`
+	// ReplyTo is a list of addresses (firstAddress reads it).
+	ReplyTo   json.RawMessage `json:"reply_to"`
+	Headers   headers         `json:"headers"`
+	MessageID string          `json:"message_id"`
+	// Authentication is null for mail Resend received before it had it.
+	Authentication *struct {
+		SPF   string `json:"spf"`
+		DKIM  string `json:"dkim"`
+		DMARC string `json:"dmarc"`
+	} `json:"authentication"`
+	// Attachments is nil when the answer has none listed at all (then the
+	// attachments API is asked), empty when the mail has none.
+	Attachments *[]struct {
+		ID   string `json:"id"`
+		Size *int64 `json:"size"`
+	} `json:"attachments"`
+}
+
+// fetchEmail retrieves the received email id, with inline images as cid:
+// references and attachments (html_format=cid) rather than base64 data
+// URIs in the HTML.
+func fetchEmail(ctx context.Context, c *resend.Client, id string) (*receivedEmail, error) {
+	req, err := c.NewRequest(ctx, http.MethodGet, "emails/receiving/"+id+"?html_format=cid", nil)
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	var e receivedEmail
+	if _, err := c.Perform(req, &e); err != nil {
+		return nil, err
+	}
+	if e.ID != id {
+		return nil, fmt.Errorf("%w: id %q", errNotTheEmail, e.ID)
+	}
+	return &e, nil
+}
+
+// headers are the mail's headers as Resend lists them: names in any case,
+// values a string or a list of strings.
+type headers map[string]json.RawMessage
+
+// get returns the named header, a list joined by spaces, "" when absent.
+func (h headers) get(name string) string {
+	for k, raw := range h {
+		if !strings.EqualFold(k, name) {
+			continue
+		}
+		if s := rawString(raw); s != "" {
+			return strings.TrimSpace(s)
+		}
+		var list []string
+		if json.Unmarshal(raw, &list) == nil {
+			return strings.TrimSpace(strings.Join(list, " "))
+		}
+	}
+	return ""
+}
+
+// maxHTMLBytes caps the stored HTML. With html_format=cid inline images are
+// attachments, so real mail stays far below; a longer body is cut.
+const maxHTMLBytes = 2 << 20
+
+// capHTML cuts s to maxHTMLBytes at a character boundary, and reports
+// whether it did.
+func capHTML(s string) (string, bool) {
+	if len(s) <= maxHTMLBytes {
+		return s, false
+	}
+	n := maxHTMLBytes
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
 // toMessage maps a fetched email onto a support message. to is the support
 // recipient the event matched; now is the last fallback for the receive
 // time.
-func toMessage(d receivedData, e *resend.ReceivedEmail, to string, now time.Time) support.Message {
-	from := firstNonEmpty(e.From, d.From)
-	addr, name := splitAddress(from)
+func toMessage(d receivedData, e *receivedEmail, to string, now time.Time) support.Message {
+	addr, name := sender(firstNonEmpty(e.From, d.From), e.Headers.get("from"))
 	text := e.Text
-	if strings.TrimSpace(text) == "" && e.Html != "" {
-		text = htmlToText(e.Html)
+	if strings.TrimSpace(text) == "" && e.HTML != "" {
+		text = htmlToText(e.HTML)
 	}
-	return support.Message{
+	m := support.Message{
 		Source:      support.SourceEmail,
 		ExternalID:  d.EmailID,
 		FromAddress: addr,
@@ -82,11 +175,64 @@ func toMessage(d receivedData, e *resend.ReceivedEmail, to string, now time.Time
 		ToAddress:   to,
 		Subject:     firstNonEmpty(e.Subject, d.Subject),
 		TextBody:    text,
-		HTMLBody:    e.Html,
-		MessageID:   firstNonEmpty(strings.TrimSpace(e.MessageId), strings.TrimSpace(d.MessageID)),
+		HTMLBody:    e.HTML,
+		MessageID:   firstNonEmpty(strings.TrimSpace(e.MessageID), strings.TrimSpace(d.MessageID)),
 		ReceivedAt:  receivedAt(now, e.CreatedAt, rawString(d.CreatedAt), d.EventCreatedAt),
+		ReplyTo:     firstAddress(e.ReplyTo, e.Headers.get("reply-to")),
+		InReplyTo:   e.Headers.get("in-reply-to"),
+		References:  support.MessageIDs(e.Headers.get("references")),
 	}
+	if a := e.Authentication; a != nil {
+		m.AuthSPF, m.AuthDKIM, m.AuthDMARC = a.SPF, a.DKIM, a.DMARC
+		switch a.DMARC {
+		case "pass":
+			m.SenderAuthenticated = ptr(true)
+		case "fail":
+			m.SenderAuthenticated = ptr(false)
+		}
+	}
+	return m
 }
+
+// sender returns the sender's bare address and display name. For received
+// mail Resend's from is the bare address, and the name is only in the From
+// header: it is taken from there when the header names the same address.
+func sender(from, header string) (addr, name string) {
+	addr, name = splitAddress(from)
+	if name != "" || header == "" {
+		return addr, name
+	}
+	h, err := mail.ParseAddress(header)
+	if err != nil {
+		return addr, name
+	}
+	if addr == "" {
+		return h.Address, h.Name
+	}
+	if strings.EqualFold(h.Address, addr) {
+		return addr, h.Name
+	}
+	return addr, name
+}
+
+// firstAddress returns the first address of a Reply-To list (a JSON list or
+// string), else of the Reply-To header, as written; "" when there is none.
+func firstAddress(list json.RawMessage, header string) string {
+	var values []string
+	if s := rawString(list); s != "" {
+		values = []string{s}
+	} else if json.Unmarshal(list, &values) != nil {
+		values = nil
+	}
+	for _, v := range append(values, header) {
+		if as, err := mail.ParseAddressList(v); err == nil && len(as) > 0 {
+			return as[0].Address
+		}
+	}
+	return ""
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // splitAddress returns the bare address and display name of a From value,
 // or the raw value and no name when it does not parse (the mail is kept

@@ -31,6 +31,10 @@ type Config struct {
 	APIURL *url.URL
 	// Inbound are the support addresses: mail to anyone else is ignored.
 	Inbound Inbound
+	// AttachmentMaxBytes is the largest attachment whose content is stored
+	// (SUPPORT_ATTACHMENT_MAX_BYTES); a larger one is recorded without it,
+	// and 0 stores none.
+	AttachmentMaxBytes int64
 	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -40,6 +44,7 @@ type handler struct {
 	queue       *support.Queue
 	wh          *svix.Webhook
 	client      *resend.Client
+	downloads   downloader
 	inbound     Inbound
 	logger      *slog.Logger
 	ignored     prometheus.Counter
@@ -49,18 +54,20 @@ type handler struct {
 // NewHandler returns the handler of POST /webhooks/resend.
 func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handler {
 	h := &handler{
-		queue:   queue,
-		wh:      cfg.Webhook,
-		client:  newClient(cfg.APIURL, cfg.APIKey),
-		inbound: cfg.Inbound,
-		logger:  cfg.Logger,
+		queue:  queue,
+		wh:     cfg.Webhook,
+		client: newClient(cfg.APIURL, cfg.APIKey),
+		// The delivery's context bounds each download.
+		downloads: downloader{client: &http.Client{}, max: cfg.AttachmentMaxBytes},
+		inbound:   cfg.Inbound,
+		logger:    cfg.Logger,
 		ignored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "resend_inbound_ignored_total",
 			Help: "email.received events addressed to no support address, acknowledged without a fetch.",
 		}),
 		unfetchable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "resend_emails_unfetchable_total",
-			Help: "Received emails the Resend API answered 404 for, acknowledged without a support message.",
+			Help: "Fetches of an announced received email that the Resend API answered 404 or with another email: the delivery failed.",
 		}),
 	}
 	if h.logger == nil {
@@ -128,20 +135,29 @@ func messageID(h http.Header) string {
 	return h.Get("webhook-id")
 }
 
-// apply fetches the email and queues it. An error fails the delivery (500,
-// claim released, Svix retries): the API's 5xx, 429, a network error or the
-// handler deadline. A 404 is final, so it is acknowledged.
+// apply fetches the email and queues it with its attachments, in one
+// transaction. An error fails the delivery (500, claim released, Svix
+// retries): the API's 5xx, 429, a network error, the handler deadline, a
+// failed download, and a 404 or an answer that is not the announced email,
+// which mean a wrong RESEND_API_URL or another team's API key, never a mail
+// to drop.
 func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) error {
-	email, err := h.client.Emails.Receiving.GetWithContext(ctx, d.EmailID)
-	if errors.Is(err, errEmailNotFound) {
+	email, err := fetchEmail(ctx, h.client, d.EmailID)
+	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
-		logger.WarnContext(ctx, "received email not found at Resend: acknowledged without a support message")
-		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
 	}
-	id, inserted, err := h.queue.Enqueue(ctx, toMessage(d, email, to, time.Now()))
+	html, cut := capHTML(email.HTML)
+	if cut {
+		logger.WarnContext(ctx, "html body cut", "html_bytes", len(email.HTML), "kept_bytes", len(html))
+		email.HTML = html
+	}
+	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, email, to, time.Now()),
+		func(ctx context.Context, w *support.Attachments) error {
+			return h.storeAttachments(ctx, email, w)
+		})
 	if err != nil {
 		return err
 	}

@@ -37,8 +37,13 @@ func fixtureRow(externalID string) row {
 		HTMLBody:    "<html><head><style>p { color: red; }</style></head><body><p>Hello,</p><p>order <b>#42</b> has not arrived &amp; it&#39;s been a week.</p></body></html>",
 		MessageID:   "<CAF=4x2eJ7Q@mail.example.com>",
 		ReceivedAt:  time.Date(2026, 2, 22, 23, 41, 11, 894719000, time.UTC),
+		Thread:      externalID,
+		AuthSPF:     "pass", AuthDKIM: "pass", AuthDMARC: "pass",
+		SenderAuthenticated: ptr(true),
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func checkAnswer(t *testing.T, what string, got, want answer) {
 	t.Helper()
@@ -49,8 +54,13 @@ func checkAnswer(t *testing.T, what string, got, want answer) {
 
 func checkRows(t *testing.T, h *harness, want []row) {
 	t.Helper()
-	if diff := cmp.Diff(want, h.rows(t)); diff != "" {
-		t.Errorf("support_messages (-want +got):\n%s", diff)
+	checkTable(t, "support_messages", want, h.rows(t))
+}
+
+func checkTable[R any](t *testing.T, table string, want, got []R) {
+	t.Helper()
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", table, diff)
 	}
 }
 
@@ -285,18 +295,57 @@ func TestAPIHangsPastDeadline(t *testing.T) {
 	checkRows(t, h, []row{fixtureRow(emailID)})
 }
 
+// TestEmailNotFound: Resend just announced the email, so a 404 means the
+// service asks the wrong API or with another team's key. The delivery fails
+// (and is counted) so that Svix retries until the configuration is fixed.
 func TestEmailNotFound(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, options{})
-	body := receivedEvent(t, "gone-email", nil) // the fake API does not know it
+	body := receivedEvent(t, emailID, nil) // the fake API does not know it yet
 
-	checkAnswer(t, "unfetchable email", answerOf(t, h.deliver(t, "msg_1", body)), processed)
+	checkAnswer(t, "404 for the email", answerOf(t, h.deliver(t, "msg_1", body)), failed)
 	checkRows(t, h, nil)
 	if got := h.counter(t, "resend_emails_unfetchable_total"); got != 1 {
 		t.Errorf("resend_emails_unfetchable_total = %v, want 1", got)
 	}
-	if got := h.claimState(t, "msg_1"); got != claim.Done {
-		t.Errorf("claim state = %q, want done: a 404 is final", got)
+	if keys := h.claimKeys(t); len(keys) != 0 {
+		t.Errorf("claim keys = %v, want none (released)", keys)
+	}
+
+	// The configuration is fixed: Svix's retry lands the mail.
+	h.api.addEmail(t, emailID, nil)
+	checkAnswer(t, "retry", answerOf(t, h.deliver(t, "msg_1", body)), processed)
+	checkRows(t, h, []row{fixtureRow(emailID)})
+}
+
+// TestAnswerNotTheEmail: an answer without the announced id ({}, another
+// email) fails the delivery rather than queueing an empty message.
+func TestAnswerNotTheEmail(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		change func(e map[string]any)
+	}{
+		{"{}", func(e map[string]any) { clear(e) }},
+		{"no id", func(e map[string]any) { delete(e, "id") }},
+		{"another email", func(e map[string]any) { e["id"] = "b7e2c1d0-0000-4000-8000-000000000002" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, options{})
+			h.api.addEmail(t, emailID, tc.change)
+			body := receivedEvent(t, emailID, nil)
+
+			checkAnswer(t, tc.name, answerOf(t, h.deliver(t, "msg_1", body)), failed)
+			checkRows(t, h, nil)
+			if got := h.counter(t, "resend_emails_unfetchable_total"); got != 1 {
+				t.Errorf("resend_emails_unfetchable_total = %v, want 1", got)
+			}
+			if got := h.claimState(t, "msg_1"); got != "" {
+				t.Errorf("claim state = %q, want none (released)", got)
+			}
+		})
 	}
 }
 

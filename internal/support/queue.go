@@ -3,10 +3,15 @@
 package support
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +40,20 @@ type Message struct {
 	// MessageID is the RFC 5322 Message-ID of an email, "" for the form.
 	MessageID  string
 	ReceivedAt time.Time
+
+	// ReplyTo is the first Reply-To address: where an answer goes.
+	ReplyTo string
+	// InReplyTo and References are the mail's headers as sent: the raw
+	// In-Reply-To value, and the Message-IDs of References in their order
+	// (oldest first). Enqueue threads the message through them.
+	InReplyTo  string
+	References []string
+	// AuthSPF, AuthDKIM and AuthDMARC are the receiving server's verdicts,
+	// as the provider reports them ("" when it reports none).
+	AuthSPF, AuthDKIM, AuthDMARC string
+	// SenderAuthenticated is true when DMARC passed, false when it failed,
+	// nil otherwise. Only true makes FromAddress trustworthy.
+	SenderAuthenticated *bool
 }
 
 // Queue stores support messages in Postgres.
@@ -47,14 +66,30 @@ func NewQueue(pool *pgxpool.Pool) *Queue {
 	return &Queue{pool: pool}
 }
 
+// threadSQL finds the conversation of the first candidate Message-ID that a
+// stored mail has, candidates in order of preference: In-Reply-To, then
+// References newest first. support_messages_email_message (leading column
+// message_id) serves the lookup.
+const threadSQL = `
+SELECT coalesce(thread_id, id) FROM support_messages
+WHERE source = 'email' AND message_id = ANY($1::text[])
+ORDER BY array_position($1::text[], message_id), id
+LIMIT 1`
+
 // insertSQL leaves the duplicate check to the table's unique indexes, so
 // two concurrent deliveries of one message cannot both pass a look-then-
 // insert: one inserts, the other waits for it to commit and gets no row.
+// The id is drawn first so that a message starting its own thread can name
+// itself in thread_id within the one statement (a volatile CTE runs once).
 const insertSQL = `
+WITH next AS (SELECT nextval(pg_get_serial_sequence('support_messages', 'id')) AS id)
 INSERT INTO support_messages (
-    source, external_id, from_address, from_name, to_address, subject,
-    text_body, html_body, message_id, content_hash, received_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    id, thread_id, source, external_id, from_address, from_name, to_address,
+    subject, text_body, html_body, message_id, content_hash, received_at,
+    reply_to, in_reply_to, message_references, auth_spf, auth_dkim, auth_dmarc,
+    sender_authenticated)
+VALUES ((SELECT id FROM next), coalesce($1, (SELECT id FROM next)), $2, $3, $4, $5, $6,
+    $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
 ON CONFLICT DO NOTHING
 RETURNING id`
 
@@ -73,12 +108,24 @@ LIMIT 1`
 // empty only if the conflicting row was deleted between the two statements.
 const enqueueAttempts = 3
 
+// errConflictGone: the insert conflicted with a row the lookup then did not
+// find (deleted in between); the attempt is repeated.
+var errConflictGone = errors.New("conflicting row disappeared")
+
 // Enqueue inserts m unless it is already queued, and returns the id of the
 // row that holds it. It is idempotent at the store: one row per (source,
 // external id), and for email one row per (Message-ID, content hash) where
 // the Message-ID is present, so the same mail under two Resend ids is one
 // message while another mail reusing a Message-ID is kept.
 func (q *Queue) Enqueue(ctx context.Context, m Message) (id int64, inserted bool, err error) {
+	return q.EnqueueWith(ctx, m, nil)
+}
+
+// EnqueueWith is Enqueue, and when m is newly inserted it also runs attach in
+// the insert's transaction: the message and what attach writes commit
+// together, or (attach failed) neither does. A message already queued runs
+// no attach, so a redelivery cannot write its attachments twice.
+func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.Context, *Attachments) error) (id int64, inserted bool, err error) {
 	if m.Source != SourceEmail && m.Source != SourceWeb {
 		return 0, false, fmt.Errorf("enqueue: unknown source %q", m.Source)
 	}
@@ -89,32 +136,242 @@ func (q *Queue) Enqueue(ctx context.Context, m Message) (id int64, inserted bool
 	if m.ReceivedAt.IsZero() {
 		m.ReceivedAt = time.Now()
 	}
+	for range enqueueAttempts {
+		err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
+			var err error
+			id, inserted, err = enqueue(ctx, tx, m)
+			if err != nil || !inserted || attach == nil {
+				return err
+			}
+			return attach(ctx, &Attachments{tx: tx, messageID: id})
+		})
+		if !errors.Is(err, errConflictGone) {
+			if err != nil {
+				return 0, false, fmt.Errorf("enqueue %s message %s: %w", m.Source, m.ExternalID, err)
+			}
+			return id, inserted, nil
+		}
+	}
+	return 0, false, fmt.Errorf("enqueue %s message %s: %w, %d times", m.Source, m.ExternalID, errConflictGone, enqueueAttempts)
+}
+
+// enqueue threads and inserts m within tx, or finds the row it conflicts
+// with.
+func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool, err error) {
 	var hash []byte // NULL for the form: its duplicates are caught by the idempotency key
 	if m.Source == SourceEmail {
 		hash = contentHash(m)
 	}
-	msgID := nullString(m.MessageID)
-	for range enqueueAttempts {
-		err := q.pool.QueryRow(ctx, insertSQL,
-			m.Source, m.ExternalID, m.FromAddress, nullString(m.FromName),
-			nullString(m.ToAddress), nullString(m.Subject), nullString(m.TextBody),
-			nullString(m.HTMLBody), msgID, hash, m.ReceivedAt,
-		).Scan(&id)
-		if err == nil {
-			return id, true, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, false, fmt.Errorf("enqueue %s message %s: %w", m.Source, m.ExternalID, err)
-		}
-		err = q.pool.QueryRow(ctx, existingSQL, m.Source, m.ExternalID, msgID, hash).Scan(&id)
-		if err == nil {
-			return id, false, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, false, fmt.Errorf("look up queued %s message %s: %w", m.Source, m.ExternalID, err)
+	var thread *int64
+	if candidates := threadCandidates(m); len(candidates) > 0 {
+		var t int64
+		err := tx.QueryRow(ctx, threadSQL, candidates).Scan(&t)
+		switch {
+		case err == nil:
+			thread = &t
+		case !errors.Is(err, pgx.ErrNoRows):
+			return 0, false, fmt.Errorf("find thread: %w", err)
 		}
 	}
-	return 0, false, fmt.Errorf("enqueue %s message %s: conflicting row kept disappearing", m.Source, m.ExternalID)
+	msgID := nullString(m.MessageID)
+	err = tx.QueryRow(ctx, insertSQL,
+		thread, m.Source, m.ExternalID, m.FromAddress, nullString(m.FromName),
+		nullString(m.ToAddress), nullString(m.Subject), nullString(m.TextBody),
+		nullString(m.HTMLBody), msgID, hash, m.ReceivedAt,
+		nullString(m.ReplyTo), nullString(m.InReplyTo), nullStrings(m.References),
+		nullString(m.AuthSPF), nullString(m.AuthDKIM), nullString(m.AuthDMARC),
+		m.SenderAuthenticated,
+	).Scan(&id)
+	if err == nil {
+		return id, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, err
+	}
+	err = tx.QueryRow(ctx, existingSQL, m.Source, m.ExternalID, msgID, hash).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, errConflictGone
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("look up queued message: %w", err)
+	}
+	return id, false, nil
+}
+
+// threadCandidates lists the Message-IDs m answers, most direct first: those
+// of In-Reply-To, then References from the newest (last) back. A form
+// message answers none: it starts its own thread.
+func threadCandidates(m Message) []string {
+	if m.Source != SourceEmail {
+		return nil
+	}
+	out := MessageIDs(m.InReplyTo)
+	for _, ref := range slices.Backward(m.References) {
+		out = append(out, ref)
+	}
+	return out
+}
+
+// MessageIDs returns the "<...>" Message-IDs of an In-Reply-To or References
+// header value, in order. A value with no angle brackets is taken as one id
+// as it stands (some mailers drop them).
+func MessageIDs(header string) []string {
+	header = strings.TrimSpace(header)
+	var out []string
+	for rest := header; ; {
+		start := strings.IndexByte(rest, '<')
+		if start < 0 {
+			break
+		}
+		end := strings.IndexByte(rest[start:], '>')
+		if end < 0 {
+			break
+		}
+		out = append(out, rest[start:start+end+1])
+		rest = rest[start+end+1:]
+	}
+	if len(out) == 0 && header != "" && !strings.ContainsAny(header, "<> \t\r\n") {
+		out = append(out, header)
+	}
+	return out
+}
+
+// Attachment is one file of a queued mail, as Attachments.Add stores it.
+type Attachment struct {
+	// ExternalID is the provider's attachment id, unique per message.
+	ExternalID         string
+	Filename           string
+	ContentType        string
+	ContentDisposition string
+	// ContentID matches a "cid:" reference in the message's HTML.
+	ContentID string
+	// Size is the content's length in bytes, -1 when unknown.
+	Size int64
+	// NoContentReason says why the content is not stored; "" when it is.
+	NoContentReason string
+}
+
+// Reasons an attachment has no content.
+const (
+	NoContentTooLarge      = "too_large"
+	NoContentNotFound      = "not_found"
+	NoContentGone          = "gone"
+	NoContentNoDownloadURL = "no_download_url"
+)
+
+// Attachments writes the attachments of a message EnqueueWith has just
+// inserted, in its transaction.
+type Attachments struct {
+	tx        pgx.Tx
+	messageID int64
+}
+
+// copyAttachmentSQL streams one row in COPY's binary format (see
+// attachmentCopy): a bytea parameter of an INSERT would be copied whole
+// into pgx's buffers twice, while COPY sends the content on in 64 KiB
+// pieces as it is read.
+const copyAttachmentSQL = `COPY support_attachments (
+    support_message_id, external_id, filename, content_type, content_disposition,
+    content_id, size, no_content_reason, content, sha256) FROM STDIN WITH (FORMAT binary)`
+
+// Add stores at. With content non-nil, exactly at.Size bytes of it are
+// streamed into the row as they are read, and their SHA-256 beside them;
+// fewer bytes (a download cut short) fail the whole transaction. With
+// content nil, the row records the attachment without it.
+func (a *Attachments) Add(ctx context.Context, at Attachment, content io.Reader) error {
+	if content != nil && (at.Size < 0 || at.Size > math.MaxInt32) {
+		return fmt.Errorf("store attachment %s: content of size %d", at.ExternalID, at.Size)
+	}
+	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, attachmentCopy(a.messageID, at, content), copyAttachmentSQL); err != nil {
+		return fmt.Errorf("store attachment %s: %w", at.ExternalID, err)
+	}
+	return nil
+}
+
+// attachmentCopy is the COPY binary stream of one support_attachments row:
+// the header, the fields before the content, the content as it is read,
+// then its SHA-256 (known only once the content is through) and the
+// trailer.
+func attachmentCopy(messageID int64, at Attachment, content io.Reader) io.Reader {
+	b := append([]byte("PGCOPY\n\xff\r\n\x00"), 0, 0, 0, 0, 0, 0, 0, 0) // signature, flags, no extension
+	b = binary.BigEndian.AppendUint16(b, 10)                            // fields
+	b = appendInt8(b, messageID)
+	for _, s := range []string{at.ExternalID, at.Filename, at.ContentType, at.ContentDisposition, at.ContentID} {
+		b = appendText(b, cleanText(s))
+	}
+	if at.Size < 0 {
+		b = appendNull(b)
+	} else {
+		b = appendInt8(b, at.Size)
+	}
+	b = appendText(b, at.NoContentReason)
+	if content == nil {
+		b = appendNull(b) // content
+		b = appendNull(b) // sha256
+		return bytes.NewReader(binary.BigEndian.AppendUint16(b, 0xffff))
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(at.Size))
+	h := sha256.New()
+	tail := func() []byte {
+		t := binary.BigEndian.AppendUint32(nil, sha256.Size)
+		return binary.BigEndian.AppendUint16(h.Sum(t), 0xffff)
+	}
+	return io.MultiReader(bytes.NewReader(b), io.TeeReader(&exactly{r: content, left: at.Size}, h), &lazyReader{make: tail})
+}
+
+func appendInt8(b []byte, v int64) []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(b, 8), uint64(v))
+}
+
+// appendText appends a text field, NULL for "".
+func appendText(b []byte, s string) []byte {
+	if s == "" {
+		return appendNull(b)
+	}
+	return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
+}
+
+func appendNull(b []byte) []byte {
+	return binary.BigEndian.AppendUint32(b, 0xffffffff)
+}
+
+// exactly reads left bytes of r, and fails with io.ErrUnexpectedEOF if r
+// ends before.
+type exactly struct {
+	r    io.Reader
+	left int64
+}
+
+func (e *exactly) Read(p []byte) (int, error) {
+	if e.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > e.left {
+		p = p[:e.left]
+	}
+	n, err := e.r.Read(p)
+	e.left -= int64(n)
+	if errors.Is(err, io.EOF) {
+		if e.left > 0 {
+			return n, io.ErrUnexpectedEOF
+		}
+		err = nil
+	}
+	return n, err
+}
+
+// lazyReader reads what make returns, called at the first Read: after the
+// readers before it in an io.MultiReader are done.
+type lazyReader struct {
+	make func() []byte
+	r    *bytes.Reader
+}
+
+func (l *lazyReader) Read(p []byte) (int, error) {
+	if l.r == nil {
+		l.r = bytes.NewReader(l.make())
+	}
+	return l.r.Read(p)
 }
 
 const getSQL = `
@@ -159,10 +416,28 @@ func contentHash(m Message) []byte {
 // delivery on every retry until the provider gives up on it.
 func clean(m Message) Message {
 	for _, s := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject,
-		&m.TextBody, &m.HTMLBody, &m.MessageID} {
-		*s = strings.ToValidUTF8(strings.ReplaceAll(*s, "\x00", ""), "\uFFFD")
+		&m.TextBody, &m.HTMLBody, &m.MessageID, &m.ReplyTo, &m.InReplyTo,
+		&m.AuthSPF, &m.AuthDKIM, &m.AuthDMARC} {
+		*s = cleanText(*s)
 	}
+	refs := make([]string, len(m.References))
+	for i, r := range m.References {
+		refs[i] = cleanText(r)
+	}
+	m.References = refs
 	return m
+}
+
+func cleanText(s string) string {
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+}
+
+// nullStrings is NULL for an empty list.
+func nullStrings(ss []string) []string {
+	if len(ss) == 0 {
+		return nil
+	}
+	return ss
 }
 
 func nullString(s string) *string {

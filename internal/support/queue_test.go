@@ -1,9 +1,13 @@
 package support_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,5 +252,195 @@ func TestEnqueueRejectsUnknownSource(t *testing.T) {
 		if _, _, err := q.Enqueue(context.Background(), m); err == nil {
 			t.Errorf("Enqueue(%+v) succeeded, want an error", m)
 		}
+	}
+}
+
+// threadOf reads the thread_id of message id.
+func threadOf(t *testing.T, pool *pgxpool.Pool, id int64) int64 {
+	t.Helper()
+	var thread int64
+	if err := pool.QueryRow(context.Background(), "SELECT thread_id FROM support_messages WHERE id = $1", id).Scan(&thread); err != nil {
+		t.Fatalf("read thread_id of %d: %v", id, err)
+	}
+	return thread
+}
+
+// TestEnqueueThreads: a message that answers none starts its own thread (a
+// form message always does); a reply joins the thread of the message it
+// names, and of that message's thread when it was a reply itself.
+func TestEnqueueThreads(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	ctx := context.Background()
+	enqueue := func(m support.Message) int64 {
+		t.Helper()
+		id, inserted, err := q.Enqueue(ctx, m)
+		if err != nil || !inserted {
+			t.Fatalf("Enqueue(%s) = %d, %v, %v; want a new row", m.ExternalID, id, inserted, err)
+		}
+		return id
+	}
+	first := enqueue(mailMessage("em_1"))
+	reply := mailMessage("em_2")
+	reply.MessageID, reply.TextBody, reply.InReplyTo = "<reply@mail.example.com>", "thanks", "<abc@mail.example.com>"
+	replyID := enqueue(reply)
+	again := mailMessage("em_3")
+	again.MessageID, again.TextBody = "<again@mail.example.com>", "still nothing"
+	again.References = []string{"<unknown@elsewhere.example>", "<reply@mail.example.com>"}
+	againID := enqueue(again)
+	form := enqueue(support.Message{Source: support.SourceWeb, ExternalID: "form:1", FromAddress: "bob@example.com",
+		TextBody: "hi", InReplyTo: "<abc@mail.example.com>"})
+
+	got := []int64{threadOf(t, pool, first), threadOf(t, pool, replyID), threadOf(t, pool, againID), threadOf(t, pool, form)}
+	if diff := cmp.Diff([]int64{first, first, first, form}, got); diff != "" {
+		t.Errorf("thread ids of first, reply, reply to the reply, form (-want +got):\n%s", diff)
+	}
+}
+
+func TestMessageIDs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"<a@x>", []string{"<a@x>"}},
+		{" <a@x>\r\n\t<b@y> <c@z>", []string{"<a@x>", "<b@y>", "<c@z>"}},
+		{"<a@x> (a comment)", []string{"<a@x>"}},
+		{"bare@x", []string{"bare@x"}},
+		{"", nil},
+		{"two words", nil},
+		{"<unclosed@x", nil},
+	}
+	for _, tc := range tests {
+		if diff := cmp.Diff(tc.want, support.MessageIDs(tc.in)); diff != "" {
+			t.Errorf("MessageIDs(%q) (-want +got):\n%s", tc.in, diff)
+		}
+	}
+}
+
+func attachmentCount(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM support_attachments").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestEnqueueWithAttachments: attachments are written with a new message
+// only, in its transaction: a failed attach leaves no message behind, and a
+// message already queued runs no attach.
+func TestEnqueueWithAttachments(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	ctx := context.Background()
+	content := []byte("%PDF-1.7 receipt")
+	attach := func(ctx context.Context, w *support.Attachments) error {
+		if err := w.Add(ctx, support.Attachment{ExternalID: "att_1", Filename: "receipt.pdf", Size: int64(len(content))}, bytes.NewReader(content)); err != nil {
+			return err
+		}
+		return w.Add(ctx, support.Attachment{ExternalID: "att_2", Size: -1, NoContentReason: support.NoContentNotFound}, nil)
+	}
+	failing := map[string]func(ctx context.Context, w *support.Attachments) error{
+		"attach fails after its first attachment": func(ctx context.Context, w *support.Attachments) error {
+			if err := attach(ctx, w); err != nil {
+				return err
+			}
+			return errors.New("download failed")
+		},
+		"content shorter than its size": func(ctx context.Context, w *support.Attachments) error {
+			return w.Add(ctx, support.Attachment{ExternalID: "att_1", Size: int64(len(content)) + 1}, bytes.NewReader(content))
+		},
+	}
+	for name, f := range failing {
+		if _, _, err := q.EnqueueWith(ctx, mailMessage("em_1"), f); err == nil {
+			t.Fatalf("%s: EnqueueWith succeeded", name)
+		}
+		if n := len(rows(t, pool)); n != 0 || attachmentCount(t, pool) != 0 {
+			t.Fatalf("%s: %d messages, %d attachments; want none", name, n, attachmentCount(t, pool))
+		}
+	}
+
+	id, inserted, err := q.EnqueueWith(ctx, mailMessage("em_1"), attach)
+	if err != nil || !inserted {
+		t.Fatalf("EnqueueWith = %d, %v, %v; want a new row", id, inserted, err)
+	}
+	ran := false
+	again, inserted, err := q.EnqueueWith(ctx, mailMessage("em_1"), func(context.Context, *support.Attachments) error {
+		ran = true
+		return nil
+	})
+	if err != nil || inserted || again != id || ran {
+		t.Errorf("EnqueueWith of a queued message = %d, %v, %v, attach ran %v; want %d, not inserted, no attach", again, inserted, err, ran, id)
+	}
+
+	type att struct {
+		ExternalID string
+		Size       *int64
+		Content    []byte
+		SHA256     []byte
+		Reason     *string
+	}
+	rs, err := pool.Query(ctx, "SELECT external_id, size, content, sha256, no_content_reason FROM support_attachments WHERE support_message_id = $1 ORDER BY id", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []att
+	for rs.Next() {
+		var a att
+		if err := rs.Scan(&a.ExternalID, &a.Size, &a.Content, &a.SHA256, &a.Reason); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, a)
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(len(content))
+	sum := sha256.Sum256(content)
+	want := []att{
+		{ExternalID: "att_1", Size: &size, Content: content, SHA256: sum[:]},
+		{ExternalID: "att_2", Reason: ptr("not_found")},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("attachments (-want +got):\n%s", diff)
+	}
+}
+
+// TestEnqueueWithConcurrent: of many concurrent deliveries of one mail,
+// exactly one writes its attachments.
+func TestEnqueueWithConcurrent(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	const n = 20
+	var attached atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, _, errs[i] = q.EnqueueWith(context.Background(), mailMessage("em_"+string(rune('a'+i))),
+				func(ctx context.Context, w *support.Attachments) error {
+					attached.Add(1)
+					return w.Add(ctx, support.Attachment{ExternalID: "att_1", Size: 3}, strings.NewReader("abc"))
+				})
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("EnqueueWith %d: %v", i, err)
+		}
+	}
+	if got := attached.Load(); got != 1 {
+		t.Errorf("attach ran %d times, want 1", got)
+	}
+	if got := attachmentCount(t, pool); got != 1 || len(rows(t, pool)) != 1 {
+		t.Errorf("%d messages, %d attachments; want 1 and 1", len(rows(t, pool)), got)
 	}
 }
