@@ -12,6 +12,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/resend/resend-go/v3 v3.1.1
+	github.com/rs/cors v1.11.1
 	github.com/stripe/stripe-go/v79 v79.12.0
 	github.com/svix/svix-webhooks v1.44.0
 	go.yaml.in/yaml/v3 v3.0.6
