@@ -159,7 +159,7 @@ func TestFormHTMLAnswers(t *testing.T) {
 		page := w.Body.String()
 		for _, want := range []string{
 			"Email must be a plain email address, such as name@example.com",
-			"Message is required",
+			`<span id="message-error" class="error">Message is required</span>`,
 			`value="ada at example.com"`,
 			`value="&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"`,
 			`value="&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"`,

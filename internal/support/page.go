@@ -76,8 +76,14 @@ type formPage struct {
 
 type fieldProblem struct{ Field, Label, Problem string }
 
-// Problem is what is wrong with field, "" when nothing is.
-func (p formPage) Problem(field string) string { return p.errs[field] }
+// Problem says what is wrong with field ("Message is required"), "" when
+// nothing is.
+func (p formPage) Problem(field string) string {
+	if problem, ok := p.errs[field]; ok {
+		return fieldLabel(field) + " " + problem
+	}
+	return ""
+}
 
 // form writes the support form with status, showing values and, for each
 // field in errs, its problem.
