@@ -56,8 +56,7 @@ func TestSupportFormInBrowser(t *testing.T) {
 	b := startBrowser(t, chromium)
 
 	t.Run("JavaScript: a double-click makes one message", func(t *testing.T) {
-		tab := b.tab(t, true)
-		tab.do(chromedp.Navigate(site.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, site.URL+"/", true)
 		tab.screenshot(filepath.Join(shots, "page.png"))
 		tab.fill("ada.js@example.com", "Ada", "Order 42", "Where is my order?")
 		tab.doubleClick(`button[type="submit"]`)
@@ -75,10 +74,9 @@ func TestSupportFormInBrowser(t *testing.T) {
 	})
 
 	t.Run("JavaScript: a problem is shown at its field", func(t *testing.T) {
-		tab := b.tab(t, true)
-		tab.do(chromedp.Navigate(site.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, site.URL+"/", true)
 		tab.fill("bob.js@example.com", "", "", "   ")
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitText("#message-error", "Message is required")
 		tab.waitText("#support-status", "Your message was not sent")
 		tab.screenshot(filepath.Join(shots, "javascript-error.png"))
@@ -89,11 +87,10 @@ func TestSupportFormInBrowser(t *testing.T) {
 
 	t.Run("JavaScript: a filled honeypot looks sent and stores nothing", func(t *testing.T) {
 		spam := formOutcome(t, s, "spam")
-		tab := b.tab(t, true)
-		tab.do(chromedp.Navigate(site.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, site.URL+"/", true)
 		tab.fill("bot@example.com", "Bot", "Deal", "Cheap pills")
 		tab.do(chromedp.SetValue(chromedp.ID("website"), "https://spam.example"))
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitText("#support-status", "Thank you: your message was received.")
 		if n, _ := messagesFrom(t, pool, "bot@example.com"); n != 0 {
 			t.Errorf("stored %d messages from the bot, want 0", n)
@@ -104,10 +101,9 @@ func TestSupportFormInBrowser(t *testing.T) {
 	})
 
 	t.Run("JavaScript: a page on an unlisted origin cannot post", func(t *testing.T) {
-		tab := b.tab(t, true)
-		tab.do(chromedp.Navigate(stranger.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, stranger.URL+"/", true)
 		tab.fill("eve.js@example.com", "", "", "Hello")
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitText("#support-status", "Your message could not be sent.")
 		if n, _ := messagesFrom(t, pool, "eve.js@example.com"); n != 0 {
 			t.Errorf("stored %d messages, want 0", n)
@@ -115,10 +111,9 @@ func TestSupportFormInBrowser(t *testing.T) {
 	})
 
 	t.Run("no JavaScript: problems page, then redirect to thank-you", func(t *testing.T) {
-		tab := b.tab(t, false)
-		tab.do(chromedp.Navigate(site.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, site.URL+"/", false)
 		tab.fill("carol@example.com", "Carol <3", "", "   ")
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitLocation(s.url + "/support/messages")
 		tab.waitBody("Your message was not sent")
 		tab.screenshot(filepath.Join(shots, "error.png"))
@@ -133,7 +128,7 @@ func TestSupportFormInBrowser(t *testing.T) {
 		}
 		// Put it right on the service's own page and send again.
 		tab.do(chromedp.SendKeys(chromedp.ID("message"), "It broke"))
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitLocation(site.URL + "/thanks")
 		tab.waitBody("We got your message")
 		tab.screenshot(filepath.Join(shots, "thank-you.png"))
@@ -144,10 +139,9 @@ func TestSupportFormInBrowser(t *testing.T) {
 
 	t.Run("no JavaScript: a page on an unlisted origin is refused", func(t *testing.T) {
 		forbidden := formOutcome(t, s, "forbidden")
-		tab := b.tab(t, false)
-		tab.do(chromedp.Navigate(stranger.URL+"/"), chromedp.WaitVisible(chromedp.ID("support-form")))
+		tab := b.openForm(t, stranger.URL+"/", false)
 		tab.fill("eve@example.com", "", "", "Hello")
-		tab.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+		tab.send()
 		tab.waitLocation(s.url + "/support/messages")
 		tab.waitBody("this page may not send messages to support")
 		if n, _ := messagesFrom(t, pool, "eve@example.com"); n != 0 {
@@ -264,6 +258,21 @@ type tab struct {
 	ctx context.Context
 }
 
+// openForm opens a tab, with JavaScript or without, on the page at url
+// and waits for its support form.
+func (b *browser) openForm(t *testing.T, url string, javascript bool) *tab {
+	t.Helper()
+	tb := b.tab(t, javascript)
+	tb.do(chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("support-form")))
+	return tb
+}
+
+// send clicks the form's button.
+func (tb *tab) send() {
+	tb.t.Helper()
+	tb.do(chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+}
+
 // tab opens a tab, with JavaScript or without.
 func (b *browser) tab(t *testing.T, javascript bool) *tab {
 	t.Helper()
@@ -360,31 +369,29 @@ func (tb *tab) location() string {
 
 func (tb *tab) text(selector string) string {
 	tb.t.Helper()
-	v, err := chromedp.Run(tb.ctx, chromedp.TextContent(chromedp.CSS(selector)))
-	if err != nil {
-		tb.t.Fatal(err)
-	}
-	return v
+	return mustRun(tb, chromedp.TextContent(chromedp.CSS(selector)))
 }
 
 func (tb *tab) value(id string) string {
 	tb.t.Helper()
-	v, err := chromedp.Run(tb.ctx, chromedp.Value(chromedp.ID(id)))
-	if err != nil {
-		tb.t.Fatal(err)
-	}
-	return v
+	return mustRun(tb, chromedp.Value(chromedp.ID(id)))
 }
 
 func (tb *tab) screenshot(path string) {
 	tb.t.Helper()
-	png, err := chromedp.Run(tb.ctx, chromedp.FullScreenshot(100))
+	if err := os.WriteFile(path, mustRun(tb, chromedp.FullScreenshot(100)), 0o644); err != nil {
+		tb.t.Fatal(err)
+	}
+}
+
+// mustRun runs an action that returns a value, failing the test on an error.
+func mustRun[T any](tb *tab, a chromedp.Action[T]) T {
+	tb.t.Helper()
+	v, err := chromedp.Run(tb.ctx, a)
 	if err != nil {
 		tb.t.Fatal(err)
 	}
-	if err := os.WriteFile(path, png, 0o644); err != nil {
-		tb.t.Fatal(err)
-	}
+	return v
 }
 
 // messagesFrom counts the stored messages from email, and those stored

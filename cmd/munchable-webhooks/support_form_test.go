@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
@@ -50,18 +48,7 @@ func (s *service) postForm(t *testing.T, body string, header ...string) *http.Re
 func TestFormCannotStarveWebhooks(t *testing.T) {
 	t.Parallel()
 	s := startService(t, map[string]string{"DATABASE_MAX_CONNS": "4", "SUPPORT_FORM_RATE": "100"})
-	locker, err := pgx.Connect(t.Context(), s.databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { locker.Close(context.Background()) })
-	tx, err := locker.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(t.Context(), `LOCK TABLE support_messages`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := dbtest.LockTable(t, s.databaseURL, "support_messages")
 
 	const forms, deliveries = 6, 12
 	var wg sync.WaitGroup
@@ -110,9 +97,7 @@ func TestFormCannotStarveWebhooks(t *testing.T) {
 			t.Errorf("form post %d: %v, want 503 with Retry-After", i, r)
 		}
 	}
-	if err := tx.Rollback(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	if r := s.postForm(t, `{"email":"ada@example.com","message":"Help"}`); r == nil || r.StatusCode != http.StatusAccepted {
 		t.Errorf("form post after the lock: %v, want 202", r)
 	}

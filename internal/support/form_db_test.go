@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -37,18 +36,7 @@ func TestFormDatabaseShare(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	h := support.NewForm(support.NewQueue(pool), support.FormConfig{Rate: 100, DatabaseMaxConns: 4, Registerer: reg}).Submit()
 
-	locker, err := pgx.Connect(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { locker.Close(context.Background()) })
-	tx, err := locker.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(context.Background(), `LOCK TABLE support_messages`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := dbtest.LockTable(t, dbURL, "support_messages")
 
 	var wg sync.WaitGroup
 	answers := make([]int, 3)
@@ -83,9 +71,7 @@ func TestFormDatabaseShare(t *testing.T) {
 	}
 	wantCounts(t, reg, map[string]float64{"failed": 3})
 
-	if err := tx.Rollback(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	if w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help"}); w.Code != http.StatusAccepted {
 		t.Errorf("after the lock: status = %d %s, want 202", w.Code, w.Body)
 	}

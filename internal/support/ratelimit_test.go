@@ -1,6 +1,7 @@
 package support_test
 
 import (
+	"bytes"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -44,7 +45,7 @@ func from(h http.Handler, peer string, xff ...string) *httptest.ResponseRecorder
 // Retry-After, is logged (it used to leave no trace) and is counted.
 func TestRateLimitAnswer(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs bytes.Buffer // written by the handler, read after it returned
 	reg := prometheus.NewRegistry()
 	pool := dbtest.NewPool(t)
 	h := support.NewForm(support.NewQueue(pool), support.FormConfig{
