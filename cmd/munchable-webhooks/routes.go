@@ -7,7 +7,7 @@ import (
 )
 
 // addRoutes is the service's whole HTTP surface.
-func addRoutes(r chi.Router, readyz, metrics, stripe, resend, form http.Handler, formLimit func(http.Handler) http.Handler) {
+func addRoutes(r chi.Router, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit http.Handler) {
 	r.Get("/healthz", handleHealthz())
 	r.Method(http.MethodGet, "/readyz", readyz)
 	if metrics != nil {
@@ -16,5 +16,7 @@ func addRoutes(r chi.Router, readyz, metrics, stripe, resend, form http.Handler,
 
 	r.Method(http.MethodPost, "/webhooks/stripe", stripe)
 	r.Method(http.MethodPost, "/webhooks/resend", resend)
-	r.With(formLimit).Method(http.MethodPost, "/support/messages", form)
+	r.Method(http.MethodGet, "/support", formPage)
+	r.Method(http.MethodOptions, "/support/messages", formPreflight)
+	r.Method(http.MethodPost, "/support/messages", formSubmit)
 }

@@ -79,11 +79,22 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Registerer:     registry,
 	})
 	queue := support.NewQueue(pool)
+	form := support.NewForm(queue, support.FormConfig{
+		Origins:          cfg.SupportFormOrigins,
+		RedirectURL:      cfg.SupportFormRedirectURL,
+		Rate:             cfg.SupportFormRate,
+		TrustedProxies:   cfg.trustedProxies,
+		DatabaseMaxConns: cfg.DatabaseMaxConns,
+		Logger:           logger,
+		Registerer:       registry,
+	})
+	probe := newPostgresProbe(pool)
+	defer probe.close()
 
 	var draining atomic.Bool
 	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
 	handler := newServer(logger,
-		handleReadyz(pool, claims, &draining),
+		handleReadyz(probe, claims, &draining),
 		publicMetrics(cfg, metrics),
 		stripehook.New(stripehook.Config{
 			Store:      entitlements.NewStore(pool, registry),
@@ -106,8 +117,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 
 				AttachmentMaxBytes: cfg.SupportAttachmentMaxBytes,
 			}),
-		support.FormHandler(queue, logger),
-		support.RateLimit(cfg.SupportFormRate, cfg.trustedProxies),
+		form.Page(), form.Preflight(), form.Submit(),
 	)
 	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
 }

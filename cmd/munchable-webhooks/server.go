@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
@@ -18,12 +20,12 @@ import (
 // newServer is the service's HTTP handler. Each route's handler is built by
 // serve and handed in; metrics is nil when METRICS_ADDR serves it
 // elsewhere.
-func newServer(logger *slog.Logger, readyz, metrics, stripe, resend, form http.Handler, formLimit func(http.Handler) http.Handler) http.Handler {
+func newServer(logger *slog.Logger, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit http.Handler) http.Handler {
 	r := chi.NewRouter()
 	r.Use(recoverer(logger))
 	r.NotFound(jsonError(http.StatusNotFound, "not found"))
 	r.MethodNotAllowed(jsonError(http.StatusMethodNotAllowed, "method not allowed"))
-	addRoutes(r, readyz, metrics, stripe, resend, form, formLimit)
+	addRoutes(r, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit)
 	return r
 }
 
@@ -37,7 +39,7 @@ func handleHealthz() http.HandlerFunc {
 // Redis is reported but never fails readiness: without it the service
 // fails open, and pulling every replica out of the load balancer would turn
 // a degraded service into a dead one.
-func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool) http.Handler {
+func handleReadyz(postgres *postgresProbe, claims *claim.Store, draining *atomic.Bool) http.Handler {
 	type report struct {
 		Ready    bool   `json:"ready"`
 		Draining bool   `json:"draining"`
@@ -51,7 +53,7 @@ func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := pool.Ping(ctx); err != nil {
+		if err := postgres.ping(ctx); err != nil {
 			rep.Ready, rep.Postgres = false, "unavailable"
 		}
 		// Not ctx: a hung Postgres must not make Redis look down. Ping has
@@ -69,6 +71,60 @@ func handleReadyz(pool *pgxpool.Pool, claims *claim.Store, draining *atomic.Bool
 		}
 		writeJSON(w, status, rep)
 	})
+}
+
+// postgresProbe asks Postgres whether it answers, on a connection of its
+// own. A ping through the pool waits for a free connection, so a pool held
+// by slow work (say, form posts waiting on a locked table) read as a dead
+// database and failed readiness on every replica at once.
+type postgresProbe struct {
+	cfg  *pgx.ConnConfig
+	lock chan struct{} // one probe at a time; a waiting one keeps its deadline
+	conn *pgx.Conn
+}
+
+func newPostgresProbe(pool *pgxpool.Pool) *postgresProbe {
+	return &postgresProbe{cfg: pool.Config().ConnConfig.Copy(), lock: make(chan struct{}, 1)}
+}
+
+// ping opens the probe's connection when it has none, and pings on it. A
+// connection that failed is dropped, so the next probe starts afresh.
+func (p *postgresProbe) ping(ctx context.Context) error {
+	select {
+	case p.lock <- struct{}{}:
+		defer func() { <-p.lock }()
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the previous probe: %w", ctx.Err())
+	}
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := pgx.ConnectConfig(ctx, p.cfg)
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		p.conn = conn
+	}
+	if err := p.conn.Ping(ctx); err != nil {
+		p.closeConn()
+		return fmt.Errorf("ping: %w", err)
+	}
+	return nil
+}
+
+// close ends the probe's connection, once the server no longer answers.
+func (p *postgresProbe) close() {
+	p.lock <- struct{}{}
+	defer func() { <-p.lock }()
+	p.closeConn()
+}
+
+func (p *postgresProbe) closeConn() {
+	if p.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.conn.Close(ctx)
+	p.conn = nil
 }
 
 // recoverer turns a panic outside the claim flow (which recovers its own and

@@ -3,21 +3,26 @@ package support
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
+	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"mime"
 	"net/http"
 	"net/mail"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/cors"
 )
 
 // Limits of the support form. Lengths are in characters (runes), as a
@@ -39,6 +44,9 @@ const (
 // form is the support form as posted.
 type form struct {
 	Email, Name, Subject, Message string
+	// Website is the honeypot: the page hides it from people, so only a bot
+	// fills it in.
+	Website string
 }
 
 // fieldErrors maps a field to what is wrong with it: the 422 body.
@@ -50,86 +58,312 @@ func (e fieldErrors) add(field, problem string) {
 	}
 }
 
-// FormHandler answers POST /support/messages: the site's support form,
-// queued as a message from source web. Decode, validate, store, respond.
-// Wrap it in RateLimit.
-func FormHandler(q *Queue, logger *slog.Logger) http.Handler {
+// Outcomes of a post, the label of support_form_submissions_total.
+const (
+	outcomeAccepted    = "accepted"
+	outcomeDuplicate   = "duplicate"
+	outcomeInvalid     = "invalid"
+	outcomeRateLimited = "rate_limited"
+	outcomeSpam        = "spam"
+	outcomeForbidden   = "forbidden" // from a page on an origin not listed
+	outcomeFailed      = "failed"    // the database failed or was busy
+)
+
+// Limits of the form's database work, so that a slow or locked
+// support_messages table cannot take the connections the webhooks need.
+const (
+	formDBTimeout   = 3 * time.Second
+	formRetryAfter  = "5"
+	formPoolDivisor = 4 // the form may hold a quarter of the pool
+)
+
+// FormConfig configures the support form.
+type FormConfig struct {
+	// Origins are the browser origins (SUPPORT_FORM_ORIGINS) whose pages may
+	// post the form from another origin. When set, a browser post from any
+	// other page is refused.
+	Origins []string
+	// RedirectURL is where a plain HTML form post is sent after success
+	// (SUPPORT_FORM_REDIRECT_URL); empty: a thank-you page.
+	RedirectURL string
+	// Rate is how many posts a minute one client address may make, and
+	// TrustedProxies the proxies whose X-Forwarded-For names the client.
+	Rate           int
+	TrustedProxies []netip.Prefix
+	// DatabaseMaxConns is the size of the queue's pool: the form holds at
+	// most a quarter of it (at least one connection).
+	DatabaseMaxConns int
+	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Form is the site's support form: its page, its CORS preflight and its
+// post, which queues a message from source web.
+type Form struct {
+	queue       *Queue
+	origins     origins
+	cors        *cors.Cors
+	limit       func(http.Handler) http.Handler
+	pages       *pages
+	redirectURL string
+	dbSlots     chan struct{}
+	trusted     []netip.Prefix
+	logger      *slog.Logger
+	submissions *prometheus.CounterVec
+}
+
+// NewForm returns the support form, queueing into q.
+func NewForm(q *Queue, cfg FormConfig) *Form {
+	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		if err != nil || (ct != contentJSON && ct != contentForm) {
-			writeError(w, http.StatusUnsupportedMediaType, "content type must be application/json or application/x-www-form-urlencoded")
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFormBody))
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				writeError(w, http.StatusRequestEntityTooLarge, "body too large")
-				return
-			}
-			writeError(w, http.StatusBadRequest, "could not read body")
-			return
-		}
+	f := &Form{
+		queue:       q,
+		origins:     newOrigins(cfg.Origins),
+		pages:       newPages(cfg.RedirectURL, logger),
+		redirectURL: cfg.RedirectURL,
+		dbSlots:     make(chan struct{}, max(1, cfg.DatabaseMaxConns/formPoolDivisor)),
+		trusted:     cfg.TrustedProxies,
+		logger:      logger,
+		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "support_form_submissions_total",
+			Help: "Support form posts by outcome (spam: the honeypot was filled; nothing stored).",
+		}, []string{"outcome"}),
+	}
+	f.cors = f.origins.cors()
+	f.limit = rateLimit(cfg.Rate, cfg.TrustedProxies, f.rateLimited)
+	for _, o := range []string{outcomeAccepted, outcomeDuplicate, outcomeInvalid, outcomeRateLimited,
+		outcomeSpam, outcomeForbidden, outcomeFailed} {
+		f.submissions.WithLabelValues(o)
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(f.submissions)
+	}
+	return f
+}
 
-		errs := fieldErrors{}
-		var f form
-		if ct == contentJSON {
-			f, err = decodeJSON(body, errs)
-		} else {
-			f, err = decodeForm(body, errs)
-		}
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		key := idempotencyKey(r.Header, errs)
-		f = f.validate(errs)
-		if len(errs) > 0 {
-			writeJSON(w, http.StatusUnprocessableEntity, map[string]fieldErrors{"errors": errs})
-			return
-		}
-
-		m := Message{
-			Source:      SourceWeb,
-			FromAddress: f.Email,
-			FromName:    f.Name,
-			Subject:     f.Subject,
-			TextBody:    f.Message,
-			ReceivedAt:  time.Now(),
-		}
-		if key != "" {
-			m.ExternalID = externalKey + key
-		} else {
-			m.ExternalID = externalRandom + randomHex()
-		}
-		id, inserted, err := q.Enqueue(r.Context(), m)
-		if err != nil {
-			logger.ErrorContext(r.Context(), "support form: enqueue failed", "err", err)
-			writeError(w, http.StatusInternalServerError, "could not queue the message, try again")
-			return
-		}
-		if !inserted {
-			// The key was used before. Answer the first message's id only if
-			// this is the same message: a key reused for another message
-			// would otherwise be acknowledged and silently dropped (the
-			// IETF Idempotency-Key draft answers such a reuse with 422).
-			same, err := sameForm(r.Context(), q, id, m)
-			if err != nil {
-				logger.ErrorContext(r.Context(), "support form: read queued message failed", "id", id, "err", err)
-				writeError(w, http.StatusInternalServerError, "could not queue the message, try again")
-				return
-			}
-			if !same {
-				writeJSON(w, http.StatusUnprocessableEntity, map[string]fieldErrors{"errors": {headerIdemKey: "was already used for a different message"}})
-				return
-			}
-		}
-		logger.InfoContext(r.Context(), "support form: message queued", "id", id, "inserted", inserted, "idempotency_key", key != "")
-		writeJSON(w, http.StatusAccepted, map[string]int64{"id": id})
+// Page answers GET /support: the form, usable with or without JavaScript.
+func (f *Form) Page() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		f.pages.form(w, http.StatusOK, form{}, nil)
 	})
+}
+
+// Preflight answers OPTIONS /support/messages, the CORS preflight.
+func (f *Form) Preflight() http.Handler {
+	return f.cors.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent) // an OPTIONS that is no preflight
+	}))
+}
+
+// Submit answers POST /support/messages: CORS, then the origin rule, then
+// the rate limit, then decode, validate, store, respond.
+func (f *Form) Submit() http.Handler {
+	return f.cors.Handler(f.checkOrigin(f.limit(http.HandlerFunc(f.submit))))
+}
+
+func (f *Form) submit(w http.ResponseWriter, r *http.Request) {
+	html := wantsHTML(r)
+	in, errs, err := decode(w, r)
+	if err != nil {
+		f.submissions.WithLabelValues(outcomeInvalid).Inc()
+		var ref *refusal
+		errors.As(err, &ref)
+		f.problem(w, html, ref.status, ref.msg)
+		return
+	}
+	if in.Website != "" {
+		f.spam(w, r, html)
+		return
+	}
+	key := idempotencyKey(r.Header, errs)
+	in = in.validate(errs)
+	if len(errs) > 0 {
+		f.invalid(w, html, in, errs)
+		return
+	}
+	id, outcome, err := f.store(r.Context(), in.message(key))
+	switch {
+	case errors.Is(err, errKeyReused):
+		f.invalid(w, html, in, fieldErrors{headerIdemKey: "was already used for a different message"})
+		return
+	case errors.Is(err, errDatabaseBusy):
+		f.submissions.WithLabelValues(outcomeFailed).Inc()
+		f.logger.WarnContext(r.Context(), "support form: database busy, answered 503", "err", err)
+		w.Header().Set("Retry-After", formRetryAfter)
+		f.problem(w, html, http.StatusServiceUnavailable, "the support queue is busy, try again in a few seconds")
+		return
+	case err != nil:
+		f.submissions.WithLabelValues(outcomeFailed).Inc()
+		f.logger.ErrorContext(r.Context(), "support form: store failed", "err", err)
+		f.problem(w, html, http.StatusInternalServerError, "could not queue the message, try again")
+		return
+	}
+	f.submissions.WithLabelValues(outcome).Inc()
+	f.logger.InfoContext(r.Context(), "support form: message queued", "id", id, "outcome", outcome, "idempotency_key", key != "")
+	f.respond(w, r, html, id)
+}
+
+// refusal is a post refused before its fields are read.
+type refusal struct {
+	status int
+	msg    string
+}
+
+func (e *refusal) Error() string { return e.msg }
+
+// decode reads the posted form, JSON or urlencoded, recording in the
+// returned fieldErrors what is wrong with single fields; a *refusal when
+// the body cannot be read as a form at all.
+func decode(w http.ResponseWriter, r *http.Request) (form, fieldErrors, error) {
+	ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (ct != contentJSON && ct != contentForm) {
+		return form{}, nil, &refusal{http.StatusUnsupportedMediaType, "content type must be application/json or application/x-www-form-urlencoded"}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFormBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return form{}, nil, &refusal{http.StatusRequestEntityTooLarge, "body too large"}
+		}
+		return form{}, nil, &refusal{http.StatusBadRequest, "could not read body"}
+	}
+	errs := fieldErrors{}
+	decodeBody := decodeForm
+	if ct == contentJSON {
+		decodeBody = decodeJSON
+	}
+	f, err := decodeBody(body, errs)
+	if err != nil {
+		return form{}, nil, &refusal{http.StatusBadRequest, err.Error()}
+	}
+	return f, errs, nil
+}
+
+// message is the queued message of a valid form.
+func (f form) message(key string) Message {
+	m := Message{
+		Source:      SourceWeb,
+		FromAddress: f.Email,
+		FromName:    f.Name,
+		Subject:     f.Subject,
+		TextBody:    f.Message,
+		ReceivedAt:  time.Now(),
+	}
+	if key != "" {
+		m.ExternalID = externalKey + key
+	} else {
+		m.ExternalID = externalRandom + randomHex()
+	}
+	return m
+}
+
+var (
+	errKeyReused    = errors.New("idempotency key already used for a different message")
+	errDatabaseBusy = errors.New("support queue busy")
+)
+
+// store queues m under the form's own deadline and share of the pool, and
+// says whether it was new (accepted) or an idempotent repeat (duplicate).
+func (f *Form) store(ctx context.Context, m Message) (id int64, outcome string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, formDBTimeout)
+	defer cancel()
+	select {
+	case f.dbSlots <- struct{}{}:
+		defer func() { <-f.dbSlots }()
+	case <-ctx.Done():
+		return 0, "", fmt.Errorf("wait for one of %d database slots: %w", cap(f.dbSlots), errDatabaseBusy)
+	}
+	id, inserted, err := f.queue.Enqueue(ctx, m)
+	if err == nil && !inserted {
+		// The key was used before. Answer the first message's id only if
+		// this is the same message: a key reused for another message would
+		// otherwise be acknowledged and silently dropped (the IETF
+		// Idempotency-Key draft answers such a reuse with 422).
+		var same bool
+		if same, err = sameForm(ctx, f.queue, id, m); err == nil && !same {
+			return 0, "", errKeyReused
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, "", fmt.Errorf("%w: %w", errDatabaseBusy, err)
+		}
+		return 0, "", err
+	}
+	if !inserted {
+		return id, outcomeDuplicate, nil
+	}
+	return id, outcomeAccepted, nil
+}
+
+// respond answers a post taken: 202 with the message's id for JSON
+// clients; for a browser's plain post, 303 to the configured page or a
+// thank-you page.
+func (f *Form) respond(w http.ResponseWriter, r *http.Request, html bool, id int64) {
+	switch {
+	case !html:
+		writeJSON(w, http.StatusAccepted, map[string]int64{"id": id})
+	case f.redirectURL != "":
+		http.Redirect(w, r, f.redirectURL, http.StatusSeeOther)
+	default:
+		f.pages.message(w, http.StatusOK, thanksTitle, thanksText)
+	}
+}
+
+// spam answers a post whose honeypot is filled exactly as a success, so
+// the bot learns nothing, and stores nothing.
+func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool) {
+	f.submissions.WithLabelValues(outcomeSpam).Inc()
+	f.logger.InfoContext(r.Context(), "support form: honeypot filled, nothing stored")
+	// An id like a real one: 0 would tell the bot it was caught.
+	f.respond(w, r, html, rand.Int64N(1<<31)+1)
+}
+
+// invalid answers 422: the problems as JSON, or the form again with them
+// and with what was typed.
+func (f *Form) invalid(w http.ResponseWriter, html bool, in form, errs fieldErrors) {
+	f.submissions.WithLabelValues(outcomeInvalid).Inc()
+	if html {
+		f.pages.form(w, http.StatusUnprocessableEntity, in, errs)
+		return
+	}
+	writeJSON(w, http.StatusUnprocessableEntity, map[string]fieldErrors{"errors": errs})
+}
+
+// problem answers a refusal: {"error": msg}, or a short page saying it.
+func (f *Form) problem(w http.ResponseWriter, html bool, status int, msg string) {
+	if html {
+		f.pages.message(w, status, "Your message was not sent", "Your message was not sent: "+msg+".")
+		return
+	}
+	writeError(w, status, msg)
+}
+
+// checkOrigin refuses, 403, a browser post from a page the origin rule
+// does not allow (origins.allows), before it can count against anyone's
+// rate limit.
+func (f *Form) checkOrigin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !f.origins.allows(r) {
+			f.submissions.WithLabelValues(outcomeForbidden).Inc()
+			f.logger.InfoContext(r.Context(), "support form: post from another site refused",
+				"origin", r.Header.Get("Origin"), "referer_sent", r.Header.Get("Referer") != "")
+			f.problem(w, wantsHTML(r), http.StatusForbidden, "this page may not send messages to support")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rateLimited answers a client over its limit and leaves a trace of it.
+func (f *Form) rateLimited(w http.ResponseWriter, r *http.Request) {
+	f.submissions.WithLabelValues(outcomeRateLimited).Inc()
+	f.logger.WarnContext(r.Context(), "support form: rate limited, answered 429",
+		"client", clientKey(r, f.trusted), "retry_after", w.Header().Get("Retry-After"))
+	f.problem(w, wantsHTML(r), http.StatusTooManyRequests, "too many requests")
 }
 
 // sameForm reports whether the message queued under id is m, as the form
@@ -168,6 +402,10 @@ func decodeJSON(body []byte, errs fieldErrors) (form, error) {
 			errs.add(name, "must be a string")
 		}
 	}
+	// Any value at all in the honeypot gives a bot away, a string or not.
+	if v, ok := raw["website"]; ok && !bytes.Equal(v, []byte("null")) && !bytes.Equal(v, []byte(`""`)) {
+		f.Website = string(v)
+	}
 	return f, nil
 }
 
@@ -187,6 +425,7 @@ func decodeForm(body []byte, errs fieldErrors) (form, error) {
 		}
 		*dst = v
 	}
+	f.Website = vals.Get("website")
 	return f, nil
 }
 
@@ -266,7 +505,7 @@ func idempotencyKey(h http.Header, errs fieldErrors) string {
 // without an idempotency key, which no other post shares.
 func randomHex() string {
 	var b [16]byte
-	rand.Read(b[:]) // never returns an error
+	crand.Read(b[:]) // never returns an error
 	return hex.EncodeToString(b[:])
 }
 

@@ -17,10 +17,13 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
+// newForm is the form's POST handler on a fresh database, with a rate
+// limit no test here reaches.
 func newForm(t *testing.T) (http.Handler, *pgxpool.Pool) {
 	t.Helper()
 	pool := dbtest.NewPool(t)
-	return support.FormHandler(support.NewQueue(pool), slog.New(slog.DiscardHandler)), pool
+	f := support.NewForm(support.NewQueue(pool), support.FormConfig{Rate: 1000, DatabaseMaxConns: 4, Logger: slog.New(slog.DiscardHandler)})
+	return f.Submit(), pool
 }
 
 // post sends body with contentType and the given extra headers.

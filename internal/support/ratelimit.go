@@ -9,32 +9,31 @@ import (
 	"github.com/go-chi/httprate"
 )
 
-// RateLimit allows each client address perMinute requests a minute
-// (httprate's sliding window, kept in this process) and answers the rest
-// 429 with Retry-After. trusted are the proxies whose X-Forwarded-For is
-// believed (TRUSTED_PROXIES).
-func RateLimit(perMinute int, trusted []netip.Prefix) func(http.Handler) http.Handler {
+// rateLimit allows each client address perMinute requests a minute
+// (httprate's sliding window, kept in this process) and hands the rest to
+// refuse, with Retry-After set. trusted are the proxies whose
+// X-Forwarded-For is believed (TRUSTED_PROXIES); with none, every client is
+// its TCP peer and X-Forwarded-For is ignored.
+func rateLimit(perMinute int, trusted []netip.Prefix, refuse http.HandlerFunc) func(http.Handler) http.Handler {
 	key := func(r *http.Request) (string, error) {
 		return clientKey(r, trusted), nil
 	}
 	return httprate.LimitBy(perMinute, time.Minute, key,
-		httprate.WithLimitHandler(tooManyRequests),
+		httprate.WithLimitHandler(func(w http.ResponseWriter, r *http.Request) {
+			// httprate has already set Retry-After to the window's length in
+			// seconds (a safe bound: the sliding window frees a slot within
+			// it); it is set here only should that change.
+			if w.Header().Get("Retry-After") == "" {
+				w.Header().Set("Retry-After", "60")
+			}
+			refuse(w, r)
+		}),
 		// The key function never fails and the in-process counter never
 		// errs, but httprate's default would answer 428 in plain text.
 		httprate.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, _ error) {
 			writeError(w, http.StatusInternalServerError, "rate limiter failed")
 		}),
 	)
-}
-
-// tooManyRequests answers a client over its limit. httprate has already set
-// Retry-After to the window's length in seconds (a safe bound: the sliding
-// window frees a slot within it); it is set here only should that change.
-func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
-	if w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "60")
-	}
-	writeError(w, http.StatusTooManyRequests, "too many requests")
 }
 
 // clientKey is the address the rate limit counts against. A peer outside

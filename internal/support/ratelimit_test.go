@@ -1,14 +1,19 @@
 package support_test
 
 import (
+	"bytes"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
@@ -36,15 +41,24 @@ func from(h http.Handler, peer string, xff ...string) *httptest.ResponseRecorder
 	return w
 }
 
+// TestRateLimitAnswer goes through the form itself: its 429 carries
+// Retry-After, is logged (it used to leave no trace) and is counted.
 func TestRateLimitAnswer(t *testing.T) {
 	t.Parallel()
-	h := limited()
+	var logs bytes.Buffer // written by the handler, read after it returned
+	reg := prometheus.NewRegistry()
+	pool := dbtest.NewPool(t)
+	h := support.NewForm(support.NewQueue(pool), support.FormConfig{
+		Rate: 2, TrustedProxies: trustedProxies, DatabaseMaxConns: 4,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg,
+	}).Submit()
+	msg := `{"email":"ada@example.com","message":"Help"}`
 	for i := range 2 {
-		if w := from(h, "203.0.113.7:5000"); w.Code != http.StatusAccepted {
-			t.Fatalf("post %d: status = %d, want 202", i+1, w.Code)
+		if w := postFrom(h, "203.0.113.7:5000", msg); w.Code != http.StatusAccepted {
+			t.Fatalf("post %d: status = %d %s, want 202", i+1, w.Code, w.Body)
 		}
 	}
-	w := from(h, "203.0.113.7:5001") // another source port, same client
+	w := postFrom(h, "203.0.113.7:5001", msg) // another source port, same client
 	if w.Code != http.StatusTooManyRequests {
 		t.Fatalf("third post: status = %d, want 429", w.Code)
 	}
@@ -54,6 +68,73 @@ func TestRateLimitAnswer(t *testing.T) {
 	got := decodeJSON[map[string]string](t, w)
 	if diff := cmp.Diff(map[string]string{"error": "too many requests"}, got); diff != "" {
 		t.Errorf("answer (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(logs.String(), `"msg":"support form: rate limited, answered 429"`) ||
+		!strings.Contains(logs.String(), `"client":"203.0.113.7"`) {
+		t.Errorf("no log line for the 429 naming the client:\n%s", logs.String())
+	}
+	wantCounts(t, reg, map[string]float64{"accepted": 2, "rate_limited": 1})
+	if n := len(rows(t, pool)); n != 2 {
+		t.Errorf("rows = %d, want 2", n)
+	}
+}
+
+// postFrom posts a JSON body to h as a TCP peer.
+func postFrom(h http.Handler, peer, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/support/messages", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.RemoteAddr = peer
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// TestRateLimitForgedChains: a client behind a trusted proxy writes
+// whatever X-Forwarded-For it likes, including addresses inside the trusted
+// ranges; the proxy appends the address it saw. However the chain is
+// forged, the client is one client.
+func TestRateLimitForgedChains(t *testing.T) {
+	t.Parallel()
+	h := limited()
+	const client = "198.51.100.1" // what the trusted proxy at 10.0.0.2 saw
+	forged := []string{
+		"", "1.1.1.1", "203.0.113.5, 203.0.113.6", "10.0.0.9", "10.0.0.9, 10.0.0.10",
+		"fd00::1", "garbage", "2001:db8::1, 10.1.2.3", "203.0.113.7:80", "[2001:db8::7]:443",
+	}
+	allowed := 0
+	for _, f := range forged {
+		xff := client
+		if f != "" {
+			xff = f + ", " + client
+		}
+		if w := from(h, "10.0.0.2:5000", xff); w.Code == http.StatusAccepted {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Errorf("%d of %d forged chains got through, want the limit of 2", allowed, len(forged))
+	}
+}
+
+// TestRateLimitTrustOff: with no trusted proxy (TRUSTED_PROXIES=""), the
+// peer is the client, even a peer inside the private ranges, and
+// X-Forwarded-For is ignored.
+func TestRateLimitTrustOff(t *testing.T) {
+	t.Parallel()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusAccepted) })
+	h := support.RateLimit(2, nil)(ok)
+	allowed := 0
+	for i := range 10 {
+		if w := from(h, "10.0.0.2:5000", "198.51.100."+strconv.Itoa(i+1)); w.Code == http.StatusAccepted {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Errorf("%d of 10 posts with distinct X-Forwarded-For got through, want 2", allowed)
+	}
+	// Another peer is another client.
+	if w := from(h, "10.0.0.3:5000", "198.51.100.1"); w.Code != http.StatusAccepted {
+		t.Errorf("another peer: status = %d, want 202", w.Code)
 	}
 }
 

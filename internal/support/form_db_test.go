@@ -1,0 +1,78 @@
+package support_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/support"
+)
+
+// TestFormDatabaseShare locks support_messages in another transaction and
+// posts the form three times at once: the posts never hold more than a
+// quarter of the pool (one of four connections), and each gives up at the
+// form's deadline with 503 and Retry-After instead of waiting on the lock.
+func TestFormDatabaseShare(t *testing.T) {
+	t.Parallel()
+	dbURL := dbtest.NewDatabase(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	h := support.NewForm(support.NewQueue(pool), support.FormConfig{Rate: 100, DatabaseMaxConns: 4, Registerer: reg}).Submit()
+
+	unlock := dbtest.LockTable(t, dbURL, "support_messages")
+
+	var wg sync.WaitGroup
+	answers := make([]int, 3)
+	retryAfter := make([]string, 3)
+	for i := range answers {
+		wg.Go(func() {
+			w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help " + strconv.Itoa(i)})
+			answers[i], retryAfter[i] = w.Code, w.Header().Get("Retry-After")
+		})
+	}
+	var done atomic.Bool
+	var most int32
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for !done.Load() {
+			most = max(most, pool.Stat().AcquiredConns())
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	done.Store(true)
+	<-sampled
+
+	for i, code := range answers {
+		if code != http.StatusServiceUnavailable || retryAfter[i] == "" {
+			t.Errorf("post %d: status = %d, Retry-After %q; want 503 with Retry-After", i, code, retryAfter[i])
+		}
+	}
+	if most != 1 {
+		t.Errorf("form posts held up to %d pool connections at once, want 1 (a quarter of 4)", most)
+	}
+	wantCounts(t, reg, map[string]float64{"failed": 3})
+
+	unlock()
+	if w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help"}); w.Code != http.StatusAccepted {
+		t.Errorf("after the lock: status = %d %s, want 202", w.Code, w.Body)
+	}
+}

@@ -1,0 +1,368 @@
+package support_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/support"
+)
+
+// browserAccept is what Chromium sends when it navigates, a form post
+// included.
+const browserAccept = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,*/*;q=0.8"
+
+// webForm is a form on a fresh database, with its own metrics registry.
+type webForm struct {
+	form *support.Form
+	pool *pgxpool.Pool
+	reg  *prometheus.Registry
+}
+
+func newWebForm(t *testing.T, cfg support.FormConfig) webForm {
+	t.Helper()
+	wf := webForm{pool: dbtest.NewPool(t), reg: prometheus.NewRegistry()}
+	if cfg.Rate == 0 {
+		cfg.Rate = 1000
+	}
+	cfg.DatabaseMaxConns = 4
+	cfg.Registerer = wf.reg
+	wf.form = support.NewForm(support.NewQueue(wf.pool), cfg)
+	return wf
+}
+
+func countMessages(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM support_messages`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// wantCounts checks support_form_submissions_total: each outcome in want
+// has its count, every other outcome is 0.
+func wantCounts(t *testing.T, reg *prometheus.Registry, want map[string]float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "support_form_submissions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 || want[m.GetLabel()[0].GetValue()] != 0 {
+				got[m.GetLabel()[0].GetValue()] = v
+			}
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("support_form_submissions_total (-want +got):\n%s", diff)
+	}
+}
+
+// browserPost sends fields as a browser's plain form post does.
+func browserPost(t *testing.T, h http.Handler, fields url.Values) *httptest.ResponseRecorder {
+	t.Helper()
+	return post(t, h, "application/x-www-form-urlencoded", fields.Encode(), "Accept", browserAccept)
+}
+
+func TestFormHTMLAnswers(t *testing.T) {
+	t.Parallel()
+	valid := url.Values{"email": {"ada@example.com"}, "name": {"Ada"}, "message": {"Where is my order?"}}
+
+	t.Run("thank-you page", func(t *testing.T) {
+		t.Parallel()
+		wf := newWebForm(t, support.FormConfig{})
+		w := browserPost(t, wf.form.Submit(), valid)
+		if w.Code != http.StatusOK || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html") {
+			t.Fatalf("status = %d %q, want 200 text/html", w.Code, w.Header().Get("Content-Type"))
+		}
+		if !strings.Contains(w.Body.String(), "Thank you: your message was received.") {
+			t.Errorf("page does not thank the customer:\n%s", w.Body)
+		}
+		if n := countMessages(t, wf.pool); n != 1 {
+			t.Errorf("rows = %d, want 1", n)
+		}
+		wantCounts(t, wf.reg, map[string]float64{"accepted": 1})
+	})
+
+	t.Run("redirect", func(t *testing.T) {
+		t.Parallel()
+		wf := newWebForm(t, support.FormConfig{RedirectURL: "https://munchable.app/support/thanks"})
+		w := browserPost(t, wf.form.Submit(), valid)
+		if w.Code != http.StatusSeeOther || w.Header().Get("Location") != "https://munchable.app/support/thanks" {
+			t.Fatalf("status = %d Location %q, want 303 to the redirect URL", w.Code, w.Header().Get("Location"))
+		}
+		if n := countMessages(t, wf.pool); n != 1 {
+			t.Errorf("rows = %d, want 1", n)
+		}
+	})
+
+	t.Run("problems listed, typed text kept and escaped", func(t *testing.T) {
+		t.Parallel()
+		wf := newWebForm(t, support.FormConfig{})
+		typed := url.Values{
+			"email":   {"ada at example.com"},
+			"name":    {`<script>alert("x")</script>`},
+			"subject": {`"><img src=x onerror=alert(1)>`},
+			"message": {"   "},
+		}
+		w := browserPost(t, wf.form.Submit(), typed)
+		if w.Code != http.StatusUnprocessableEntity || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html") {
+			t.Fatalf("status = %d %q, want 422 text/html", w.Code, w.Header().Get("Content-Type"))
+		}
+		page := w.Body.String()
+		for _, want := range []string{
+			"Email must be a plain email address, such as name@example.com",
+			`<span id="message-error" class="error">Message is required</span>`,
+			`value="ada at example.com"`,
+			`value="&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"`,
+			`value="&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"`,
+			`id="email" name="email" type="email" autocomplete="email" required maxlength="254" value="ada at example.com" aria-invalid="true" aria-describedby="email-error"`,
+		} {
+			if !strings.Contains(page, want) {
+				t.Errorf("422 page lacks %s", want)
+			}
+		}
+		for _, raw := range []string{`<script>alert("x")`, `<img src=x`} {
+			if strings.Contains(page, raw) {
+				t.Errorf("422 page carries what was typed unescaped: %s", raw)
+			}
+		}
+		if n := countMessages(t, wf.pool); n != 0 {
+			t.Errorf("rows = %d, want 0", n)
+		}
+		wantCounts(t, wf.reg, map[string]float64{"invalid": 1})
+	})
+
+	t.Run("JSON clients keep JSON", func(t *testing.T) {
+		t.Parallel()
+		wf := newWebForm(t, support.FormConfig{RedirectURL: "https://munchable.app/support/thanks"})
+		for _, accept := range []string{"", "*/*", "application/json", "application/json, text/html;q=0.5", "text/html, application/json"} {
+			w := post(t, wf.form.Submit(), "application/json", `{"email":"ada@example.com","message":"hi"}`, "Accept", accept)
+			if w.Code != http.StatusAccepted {
+				t.Errorf("Accept %q: status = %d, want 202", accept, w.Code)
+				continue
+			}
+			if got := decodeJSON[map[string]int64](t, w); got["id"] == 0 {
+				t.Errorf("Accept %q: answer %s has no id", accept, w.Body)
+			}
+		}
+	})
+}
+
+// TestFormHoneypot: a filled honeypot is answered exactly as a success,
+// for JSON and for a plain post, stores nothing, and is counted.
+func TestFormHoneypot(t *testing.T) {
+	t.Parallel()
+	wf := newWebForm(t, support.FormConfig{})
+	h := wf.form.Submit()
+
+	w := post(t, h, "application/json", `{"email":"bot@example.com","message":"cheap pills","website":"https://spam.example"}`)
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("JSON: status = %d %s, want 202", w.Code, w.Body)
+	}
+	if id := decodeJSON[map[string]int64](t, w)["id"]; id <= 0 {
+		t.Errorf("JSON: id = %d, want a positive id like a real answer's", id)
+	}
+	// Bots send whatever shape: a non-string is no less a filled honeypot.
+	if w := post(t, h, "application/json", `{"email":"bot@example.com","message":"x","website":1}`); w.Code != http.StatusAccepted {
+		t.Errorf("JSON with a number: status = %d, want 202", w.Code)
+	}
+	w = browserPost(t, h, url.Values{"email": {"bot@example.com"}, "message": {"cheap pills"}, "website": {"https://spam.example"}})
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "Thank you: your message was received.") {
+		t.Errorf("form post: status = %d, want the thank-you page:\n%s", w.Code, w.Body)
+	}
+	if n := countMessages(t, wf.pool); n != 0 {
+		t.Errorf("rows = %d after honeypot posts, want 0", n)
+	}
+	wantCounts(t, wf.reg, map[string]float64{"spam": 3})
+
+	// An empty honeypot is a person.
+	w = browserPost(t, h, url.Values{"email": {"ada@example.com"}, "message": {"Help"}, "website": {""}})
+	if w.Code != http.StatusOK || countMessages(t, wf.pool) != 1 {
+		t.Errorf("empty honeypot: status = %d, rows = %d; want 200 and 1 row", w.Code, countMessages(t, wf.pool))
+	}
+}
+
+func TestFormCORS(t *testing.T) {
+	t.Parallel()
+	wf := newWebForm(t, support.FormConfig{Origins: []string{"https://munchable.app", " https://www.Munchable.app"}})
+	preflight := func(origin string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodOptions, "http://forms.example/support/messages", nil)
+		r.Header.Set("Origin", origin)
+		r.Header.Set("Access-Control-Request-Method", "POST")
+		r.Header.Set("Access-Control-Request-Headers", "content-type,idempotency-key")
+		w := httptest.NewRecorder()
+		wf.form.Preflight().ServeHTTP(w, r)
+		return w
+	}
+	for _, origin := range []string{"https://munchable.app", "https://www.munchable.app"} {
+		w := preflight(origin)
+		if w.Code != http.StatusNoContent {
+			t.Errorf("preflight from %s: status = %d, want 204", origin, w.Code)
+		}
+		h := w.Header()
+		if got := h.Get("Access-Control-Allow-Origin"); got != origin {
+			t.Errorf("preflight from %s: Allow-Origin = %q, want the origin itself", origin, got)
+		}
+		if got := h.Get("Access-Control-Allow-Methods"); !strings.Contains(got, "POST") {
+			t.Errorf("Allow-Methods = %q, want POST", got)
+		}
+		allowHeaders := strings.ToLower(h.Get("Access-Control-Allow-Headers"))
+		for _, want := range []string{"content-type", "idempotency-key"} {
+			if !strings.Contains(allowHeaders, want) {
+				t.Errorf("Allow-Headers = %q, want %s", allowHeaders, want)
+			}
+		}
+		if s, err := strconv.Atoi(h.Get("Access-Control-Max-Age")); err != nil || s <= 0 {
+			t.Errorf("Max-Age = %q, want seconds", h.Get("Access-Control-Max-Age"))
+		}
+		if !strings.Contains(strings.Join(h.Values("Vary"), ","), "Origin") {
+			t.Errorf("Vary = %q, want Origin", h.Values("Vary"))
+		}
+	}
+	for _, origin := range []string{"https://evil.example", "https://munchable.app.evil.example", "null", "*"} {
+		w := preflight(origin)
+		for k := range w.Header() {
+			if strings.HasPrefix(k, "Access-Control-") {
+				t.Errorf("preflight from %s answered %s: %q", origin, k, w.Header().Get(k))
+			}
+		}
+	}
+
+	// The post from a listed origin carries Allow-Origin, so its script may
+	// read the answer.
+	w := post(t, wf.form.Submit(), "application/json", `{"email":"ada@example.com","message":"hi"}`, "Origin", "https://munchable.app")
+	if w.Code != http.StatusAccepted || w.Header().Get("Access-Control-Allow-Origin") != "https://munchable.app" {
+		t.Errorf("post from the site: status = %d, Allow-Origin %q; want 202 and the origin", w.Code, w.Header().Get("Access-Control-Allow-Origin"))
+	}
+
+	// No origins configured: no CORS at all, and no * either.
+	none := newWebForm(t, support.FormConfig{})
+	r := httptest.NewRequest(http.MethodOptions, "http://forms.example/support/messages", nil)
+	r.Header.Set("Origin", "https://munchable.app")
+	r.Header.Set("Access-Control-Request-Method", "POST")
+	w = httptest.NewRecorder()
+	none.form.Preflight().ServeHTTP(w, r)
+	if got := w.Header().Get("Access-Control-Allow-Origin"); got != "" {
+		t.Errorf("without SUPPORT_FORM_ORIGINS: Allow-Origin = %q, want none", got)
+	}
+}
+
+// TestFormOriginRule: with origins configured, a browser post from any
+// other page is refused before it is read; a post naming no page is left
+// to the rate limit.
+func TestFormOriginRule(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		origins []string
+		header  []string
+		want    int
+	}{
+		{"listed origin", []string{"https://munchable.app"}, []string{"Origin", "https://munchable.app"}, http.StatusAccepted},
+		{"listed origin, other case", []string{"https://munchable.app"}, []string{"Origin", "https://Munchable.APP"}, http.StatusAccepted},
+		{"other origin", []string{"https://munchable.app"}, []string{"Origin", "https://evil.example"}, http.StatusForbidden},
+		{"other port", []string{"https://munchable.app"}, []string{"Origin", "https://munchable.app:8443"}, http.StatusForbidden},
+		{"opaque origin", []string{"https://munchable.app"}, []string{"Origin", "null"}, http.StatusForbidden},
+		{"empty origin", []string{"https://munchable.app"}, []string{"Origin", ""}, http.StatusForbidden},
+		{"Origin outranks Referer", []string{"https://munchable.app"}, []string{"Origin", "https://evil.example", "Referer", "https://munchable.app/help"}, http.StatusForbidden},
+		{"Referer on a listed origin", []string{"https://munchable.app"}, []string{"Referer", "https://munchable.app/help?x=1"}, http.StatusAccepted},
+		{"Referer on another origin", []string{"https://munchable.app"}, []string{"Referer", "https://evil.example/munchable.app"}, http.StatusForbidden},
+		{"this service's own page", []string{"https://munchable.app"}, []string{"Origin", "http://example.com"}, http.StatusAccepted},
+		{"neither header", []string{"https://munchable.app"}, nil, http.StatusAccepted},
+		{"no origins configured", nil, []string{"Origin", "https://evil.example"}, http.StatusAccepted},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			wf := newWebForm(t, support.FormConfig{Origins: tc.origins})
+			w := post(t, wf.form.Submit(), "application/x-www-form-urlencoded", "email=ada%40example.com&message=hi", tc.header...)
+			if w.Code != tc.want {
+				t.Fatalf("status = %d %s, want %d", w.Code, w.Body, tc.want)
+			}
+			wantRows := 0
+			if tc.want == http.StatusAccepted {
+				wantRows = 1
+			} else {
+				wantCounts(t, wf.reg, map[string]float64{"forbidden": 1})
+			}
+			if n := countMessages(t, wf.pool); n != wantRows {
+				t.Errorf("rows = %d, want %d", n, wantRows)
+			}
+		})
+	}
+}
+
+// TestFormPage checks GET /support against what the page promises: labels
+// tied to inputs, the server's limits as maxlength, no external asset, and
+// a Content-Security-Policy that allows its own inline script and style by
+// hash and nothing else.
+func TestFormPage(t *testing.T) {
+	t.Parallel()
+	f := support.NewForm(nil, support.FormConfig{Rate: 1, RedirectURL: "https://munchable.app/thanks"})
+	w := httptest.NewRecorder()
+	f.Page().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/support", nil))
+	if w.Code != http.StatusOK || w.Header().Get("Content-Type") != "text/html; charset=utf-8" {
+		t.Fatalf("status = %d %q, want 200 text/html", w.Code, w.Header().Get("Content-Type"))
+	}
+	page := w.Body.String()
+
+	for _, field := range []struct {
+		id, maxlength string
+		required      bool
+	}{{"email", "254", true}, {"name", "200", false}, {"subject", "300", false}, {"message", "20000", true}} {
+		if !strings.Contains(page, `<label for="`+field.id+`">`) {
+			t.Errorf("no label for %s", field.id)
+		}
+		input := regexp.MustCompile(`<(input|textarea) id="` + field.id + `"[^>]*>`).FindString(page)
+		if !strings.Contains(input, `name="`+field.id+`"`) || !strings.Contains(input, `maxlength="`+field.maxlength+`"`) {
+			t.Errorf("%s: %s, want name and maxlength %s", field.id, input, field.maxlength)
+		}
+		if strings.Contains(input, " required") != field.required {
+			t.Errorf("%s: %s, want required = %v", field.id, input, field.required)
+		}
+	}
+	if !strings.Contains(page, `<form id="support-form" method="post" action="/support/messages"`) {
+		t.Error("the form does not post to /support/messages without JavaScript")
+	}
+	if !regexp.MustCompile(`<p class="website" aria-hidden="true">\s*<label for="website">[^<]*</label>\s*<input id="website" name="website" type="text" tabindex="-1" autocomplete="off">`).MatchString(page) {
+		t.Error("the honeypot is not hidden from people and assistive technology")
+	}
+	if regexp.MustCompile(`(src|href)="?(https?:)?//`).MatchString(page) {
+		t.Error("the page loads an external asset")
+	}
+
+	csp := w.Header().Get("Content-Security-Policy")
+	script := regexp.MustCompile(`(?s)<script>(.*)</script>`).FindStringSubmatch(page)
+	style := regexp.MustCompile(`(?s)<style>(.*)</style>`).FindStringSubmatch(page)
+	if script == nil || style == nil {
+		t.Fatal("page has no inline script or style")
+	}
+	hash := func(s string) string {
+		sum := sha256.Sum256([]byte(s))
+		return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+	}
+	want := "default-src 'none'; script-src " + hash(script[1]) + "; style-src " + hash(style[1]) +
+		"; connect-src 'self'; form-action 'self' https://munchable.app; base-uri 'none'; frame-ancestors 'none'"
+	if csp != want {
+		t.Errorf("Content-Security-Policy:\n got %s\nwant %s", csp, want)
+	}
+}
