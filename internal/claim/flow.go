@@ -86,7 +86,7 @@ type FlowConfig struct {
 	// (then 408); 0: no deadline of its own.
 	BodyReadTimeout time.Duration
 	// MaxInflightBodyBytes bounds the memory of webhook bodies being read
-	// at once, beyond the first FreeBodyBytes of each (over it, 503);
+	// at once, beyond the first 64 KiB of each (over it, 503);
 	// 0: no bound.
 	MaxInflightBodyBytes int64
 	Logger               *slog.Logger

@@ -145,10 +145,10 @@ func checkID(id string) error {
 // decoded in place.
 const chunkSize = 16 << 10
 
-// FreeBodyBytes of every body are read outside the in-flight budget: a real
-// delivery is a few KiB and must be served while large bodies hold all of
-// it. Only what a body sends beyond them draws on the budget.
-const FreeBodyBytes = 64 << 10
+// The first freeBodyBytes of every body are read outside the in-flight
+// budget: a real delivery is a few KiB and must be served while large
+// bodies hold all of it. Only what a body sends beyond them draws on it.
+const freeBodyBytes = 64 << 10
 
 // chunkPool and bodyPool are the package's only state besides sentinels: a
 // sync.Pool is safe for concurrent use and holds nothing that outlives a
@@ -241,7 +241,7 @@ func (in *intake) read(w http.ResponseWriter, r *http.Request) (*body, error) {
 // grow adds a chunk, drawing it from the budget once the body has used its
 // free part.
 func (b *body) grow() error {
-	if b.in.budget > 0 && len(b.chunks)*chunkSize >= FreeBodyBytes {
+	if b.in.budget > 0 && len(b.chunks)*chunkSize >= freeBodyBytes {
 		if !b.in.take(chunkSize) {
 			return errBodyBudget
 		}

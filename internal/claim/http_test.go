@@ -212,10 +212,10 @@ func TestBodyBudget(t *testing.T) {
 
 	// The holder has sent its free part and 2.5 chunks more: it holds
 	// three chunks of the budget.
-	holder := r.partial(t, MaxBody, FreeBodyBytes+5*chunkSize/2)
+	holder := r.partial(t, MaxBody, freeBodyBytes+5*chunkSize/2)
 	waitInUse(t, r.flow.intake, 3*chunkSize)
 
-	big := []byte(`{"id":"evt_big","pad":"` + strings.Repeat("x", FreeBodyBytes+2*chunkSize) + `"}`)
+	big := []byte(`{"id":"evt_big","pad":"` + strings.Repeat("x", freeBodyBytes+2*chunkSize) + `"}`)
 	resp := r.post(t, "application/json", big)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "5" {
 		t.Errorf("large body over the budget: %d Retry-After %q, want 503 Retry-After 5", resp.StatusCode, resp.Header.Get("Retry-After"))
@@ -257,7 +257,7 @@ func waitInUse(t *testing.T, in *intake, want int64) {
 func TestReadBodyIntact(t *testing.T) {
 	t.Parallel()
 	in := &intake{budget: MaxBody}
-	for _, n := range []int{0, 1, chunkSize - 1, chunkSize, chunkSize + 1, FreeBodyBytes, FreeBodyBytes + 1, 300 << 10, MaxBody} {
+	for _, n := range []int{0, 1, chunkSize - 1, chunkSize, chunkSize + 1, freeBodyBytes, freeBodyBytes + 1, 300 << 10, MaxBody} {
 		body := make([]byte, n)
 		for i := range body {
 			body[i] = byte(i * 7 % 251)
