@@ -77,6 +77,10 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		PoisonAfter:    cfg.PoisonAfter,
 		Logger:         logger,
 		Registerer:     registry,
+
+		// Both providers' bodies share one deadline and one memory budget.
+		BodyReadTimeout:      cfg.BodyReadTimeout,
+		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{

@@ -82,8 +82,15 @@ type FlowConfig struct {
 	// PoisonAfter is the number of failed attempts of one event after which
 	// it is logged as poison and counted; 0 turns that off.
 	PoisonAfter int
-	Logger      *slog.Logger
-	Registerer  prometheus.Registerer
+	// BodyReadTimeout is the longest a webhook body may take to arrive
+	// (then 408); 0: no deadline of its own.
+	BodyReadTimeout time.Duration
+	// MaxInflightBodyBytes bounds the memory of webhook bodies being read
+	// at once, beyond the first 64 KiB of each (over it, 503);
+	// 0: no bound.
+	MaxInflightBodyBytes int64
+	Logger               *slog.Logger
+	Registerer           prometheus.Registerer
 }
 
 // Flow runs deliveries through claim, apply, confirm or release. It is the
@@ -92,6 +99,7 @@ type Flow struct {
 	store          *Store
 	handlerTimeout time.Duration
 	poisonAfter    int64
+	intake         *intake
 	logger         *slog.Logger
 	metrics        *metrics
 }
@@ -106,6 +114,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
 		poisonAfter:    int64(cfg.PoisonAfter),
+		intake:         &intake{timeout: cfg.BodyReadTimeout, budget: cfg.MaxInflightBodyBytes},
 		logger:         logger,
 		metrics:        newMetrics(cfg.Registerer),
 	}

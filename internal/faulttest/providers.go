@@ -75,6 +75,9 @@ type StripeEvent struct {
 	PriceID           string
 	PeriodEnd         int64
 	CancelAtPeriodEnd bool
+	// Metadata is the subscription's metadata (Stripe allows 50 keys of
+	// values up to 500 characters); nil renders as {}.
+	Metadata map[string]string
 }
 
 // JSON renders the event as Stripe sends it (the fields the service reads,
@@ -96,6 +99,10 @@ func (e StripeEvent) JSON() []byte {
 		items = append(items, item{ID: "si_" + e.SubscriptionID, Object: "subscription_item",
 			Price: price{ID: e.PriceID, Object: "price"}, CurrentPeriodEnd: e.PeriodEnd, Quantity: 1})
 	}
+	metadata := e.Metadata
+	if metadata == nil {
+		metadata = map[string]string{}
+	}
 	data := map[string]any{
 		"object": map[string]any{
 			"id":                   e.SubscriptionID,
@@ -105,6 +112,7 @@ func (e StripeEvent) JSON() []byte {
 			"cancel_at_period_end": e.CancelAtPeriodEnd,
 			"items":                map[string]any{"object": "list", "data": items, "has_more": false},
 			"livemode":             false,
+			"metadata":             metadata,
 		},
 	}
 	if e.PreviousStatus != "" {
