@@ -36,15 +36,22 @@ type Store struct {
 	stale prometheus.Counter
 }
 
-// NewStore returns a Store on pool.
+// NewStore returns a Store on pool. A nil reg leaves its metric
+// unregistered.
 func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 	stale := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "entitlements_stale_events_total",
 		Help: "Subscription events the event-time guard refused (older, tied without succession, or after a terminal status).",
 	})
-	reg.MustRegister(stale)
+	if reg != nil {
+		reg.MustRegister(stale)
+	}
 	return &Store{pool: pool, stale: stale}
 }
+
+// ApplySQL is the statement Apply runs, for tools/bench to run under
+// pgbench as the database's ceiling: the compiler sees the dependency.
+const ApplySQL = applySQL
 
 // applySQL is the whole guard in one statement, so no concurrent delivery
 // can slip between a read and a write. The stored row is replaced only when:

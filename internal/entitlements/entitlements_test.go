@@ -159,6 +159,23 @@ func TestApplyStoresFields(t *testing.T) {
 	}
 }
 
+// Like every constructor, NewStore takes a nil registerer as "no metrics":
+// the stale counter still counts, nothing panics.
+func TestNilRegisterer(t *testing.T) {
+	t.Parallel()
+	s := NewStore(dbtest.NewPool(t), nil)
+	ent := Entitlement{SubscriptionID: "sub_r", CustomerID: "cus_r", Status: "active"}
+	if _, err := s.Apply(t.Context(), ent, Event{ID: "evt_2", Created: t0.Add(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := s.Apply(t.Context(), ent, Event{ID: "evt_1", Created: t0}); err != nil || applied {
+		t.Fatalf("older event = %v, %v; want refused", applied, err)
+	}
+	if got := testutil.ToFloat64(s.stale); got != 1 {
+		t.Errorf("stale = %v, want 1", got)
+	}
+}
+
 // The guard is one statement: however concurrent deliveries interleave,
 // the newest event wins.
 func TestApplyConcurrentNewestWins(t *testing.T) {

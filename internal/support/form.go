@@ -52,7 +52,7 @@ func (e fieldErrors) add(field, problem string) {
 
 // FormHandler answers POST /support/messages: the site's support form,
 // queued as a message from source web. Decode, validate, store, respond.
-// Wrap it in RateLimit.
+// Wrap it in RateLimit. A nil logger discards.
 func FormHandler(q *Queue, logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
