@@ -109,56 +109,34 @@ func (r *report) render(w io.Writer) {
 	table(w, []string{"case", ">req/s", ">/ ceiling", ">p50 ms", ">p99 ms", ">process CPU µs/req", ">all our CPU µs/req"}, rows)
 
 	fmt.Fprint(w, "### CPU per request by process, at saturation (µs)\n\n")
-	rows = nil
-	for _, c := range []struct {
-		name string
-		p    *phase
-	}{{"first delivery", r.first[0]}, {"done duplicate", r.dup[0]}, {"rejected", r.rejected[0]}, {"chi ceiling", r.chi[0]}, {"intake ceiling", r.intake[0]}} {
-		per := c.p.byProc.perRequest(max(c.p.load.requests, 1))
+	table(w, []string{"case", ">service or ceiling", ">redis-server", ">postgres", ">load generator", ">all"}, rowsOf(func(p *phase) []string {
+		per := p.byProc.perRequest(max(p.load.requests, 1))
 		// What is left is the target's own process, whatever its name.
 		target := per.sum() - per["redis-server"] - per["postgres"] - per["generator"]
-		rows = append(rows, []string{c.name, f0(micros(time.Duration(target))), f0(micros(time.Duration(per["redis-server"]))),
-			f0(micros(time.Duration(per["postgres"]))), f0(micros(time.Duration(per["generator"]))), f0(micros(time.Duration(per.sum())))})
-	}
-	table(w, []string{"case", ">service or ceiling", ">redis-server", ">postgres", ">load generator", ">all"}, rows)
+		return []string{f0(micros(time.Duration(target))), f0(micros(time.Duration(per["redis-server"]))),
+			f0(micros(time.Duration(per["postgres"]))), f0(micros(time.Duration(per["generator"]))), f0(micros(time.Duration(per.sum())))}
+	}, named{"first delivery", r.first[0]}, named{"done duplicate", r.dup[0]}, named{"rejected", r.rejected[0]},
+		named{"chi ceiling", r.chi[0]}, named{"intake ceiling", r.intake[0]}))
 
 	fmt.Fprintf(w, "## Latency at a fixed %s requests a second\n\n", rps(float64(r.o.rate)))
-	rows = nil
-	for _, c := range []struct {
-		name string
-		p    *phase
-	}{
-		{"service: first deliveries", r.first[1]}, {"service: first deliveries, durable Postgres", r.durable[1]},
-		{"service: done duplicates", r.dup[1]}, {"service: rejected signatures", r.rejected[1]},
-		{"ceiling: chi", r.chi[1]}, {"ceiling: intake", r.intake[1]},
-	} {
-		if c.p == nil {
-			continue
-		}
-		l := c.p.load
-		rows = append(rows, []string{c.name, rps(l.throughput()), ms(l.percentile(.5)), ms(l.percentile(.99)), ms(l.percentile(.999)),
-			ms(l.percentile(1)), us(c.p.perRequest(c.p.ours()))})
-	}
-	table(w, []string{"case", ">req/s", ">p50 ms", ">p99 ms", ">p99.9 ms", ">max ms", ">all our CPU µs/req"}, rows)
+	table(w, []string{"case", ">req/s", ">p50 ms", ">p99 ms", ">p99.9 ms", ">max ms", ">all our CPU µs/req"}, rowsOf(func(p *phase) []string {
+		l := p.load
+		return []string{rps(l.throughput()), ms(l.percentile(.5)), ms(l.percentile(.99)), ms(l.percentile(.999)),
+			ms(l.percentile(1)), us(p.perRequest(p.ours()))}
+	}, named{"service: first deliveries", r.first[1]}, named{"service: first deliveries, durable Postgres", r.durable[1]},
+		named{"service: done duplicates", r.dup[1]}, named{"service: rejected signatures", r.rejected[1]},
+		named{"ceiling: chi", r.chi[1]}, named{"ceiling: intake", r.intake[1]}))
 
 	fmt.Fprint(w, "## Cost per delivery, at saturation\n\n")
-	rows = nil
-	for _, c := range []struct {
-		name string
-		p    *phase
-	}{{"first delivery", r.first[0]}, {"first delivery, durable Postgres", r.durable[0]}, {"done duplicate", r.dup[0]}, {"rejected signature", r.rejected[0]}} {
-		if c.p == nil {
-			continue
-		}
-		n := max(c.p.load.requests, 1)
-		m := c.p.metrics.perRequest(n)
-		rows = append(rows, []string{c.name, fmt.Sprintf("%.2f", c.p.redisPer()["round trips"]), commands(c.p.redisPer()),
-			commands(c.p.pgPer()), f0(m["go_memstats_alloc_bytes_total"]), fmt.Sprintf("%.1f", m["go_memstats_mallocs_total"]),
-			fmt.Sprintf("%.2f", 1000*m["go_gc_duration_seconds_count"])})
-	}
-	table(w, []string{"case", ">Redis round trips", "Redis commands", "Postgres statements", ">bytes allocated", ">objects allocated", ">GCs per 1,000"}, rows)
+	table(w, []string{"case", ">Redis round trips", "Redis commands", "Postgres statements", ">bytes allocated", ">objects allocated", ">GCs per 1,000"}, rowsOf(func(p *phase) []string {
+		m := p.metrics.perRequest(max(p.load.requests, 1))
+		return []string{fmt.Sprintf("%.2f", p.redisPer()["round trips"]), commands(p.redisPer()), commands(p.pgPer()),
+			f0(m["go_memstats_alloc_bytes_total"]), fmt.Sprintf("%.1f", m["go_memstats_mallocs_total"]),
+			fmt.Sprintf("%.2f", 1000*m["go_gc_duration_seconds_count"])}
+	}, named{"first delivery", r.first[0]}, named{"first delivery, durable Postgres", r.durable[0]},
+		named{"done duplicate", r.dup[0]}, named{"rejected signature", r.rejected[0]}))
 
-	fmt.Fprintf(w, "Peak RSS of the service (VmHWM), after %d duplicates in flight: %s; durable run: %s.\n\n", r.o.rssConc, mib(r.peakRSS), mib(r.peakRSSDurable))
+	fmt.Fprintf(w, "Peak RSS of the service (VmHWM), after %d duplicates in flight: %s.\n\n", r.o.rssConc, mib(r.peakRSS))
 	if r.durable[0] != nil {
 		fmt.Fprint(w, "## First deliveries on a durable Postgres\n\n")
 		d := r.durable[0]
@@ -169,6 +147,7 @@ func (r *report) render(w io.Writer) {
 			{"serial ceiling", rps(ser), rps(dser)},
 			{"first deliveries / serial ceiling", pct(r.first[0].load.throughput() / ser), pct(d.load.throughput() / dser)},
 			{"all our CPU µs per delivery", us(r.first[0].perRequest(r.first[0].ours())), us(d.perRequest(d.ours()))},
+			{"peak RSS of the service", mib(r.peakRSS), mib(r.peakRSSDurable)},
 		})
 	}
 	var notes []string
@@ -186,6 +165,23 @@ func (r *report) render(w io.Writer) {
 		fmt.Fprintf(w, "## Go benchmarks\n\n`go test -bench . -benchmem -benchtime %s` in internal/stripehook, internal/claim and internal/entitlements:\n\n```\n%s\n```\n",
 			r.o.benchtime, r.goBench)
 	}
+}
+
+// named is a table row's label and the run it shows.
+type named struct {
+	name string
+	p    *phase
+}
+
+// rowsOf renders one row per run that happened: its label, then cells(p).
+func rowsOf(cells func(*phase) []string, runs ...named) [][]string {
+	var rows [][]string
+	for _, n := range runs {
+		if n.p != nil {
+			rows = append(rows, append([]string{n.name}, cells(n.p)...))
+		}
+	}
+	return rows
 }
 
 func (r *report) targets(intake, ser float64) [][]string {
