@@ -138,8 +138,8 @@ func newCommand(name, usage string, stdout, stderr io.Writer) *command {
 }
 
 // parse parses flags wherever they stand ("release stripe evt_1 -force" as
-// well as "release -force stripe evt_1") and returns the other arguments,
-// which must number want (-1: any number).
+// well as "release -force stripe evt_1"), up to a "--", and returns the
+// other arguments, which must number want (-1: any number).
 func (c *command) parse(args []string, want int) ([]string, error) {
 	var pos []string
 	for {
@@ -152,6 +152,10 @@ func (c *command) parse(args []string, want int) ([]string, error) {
 			return nil, c.misuse("%v", err)
 		}
 		if c.flags.NArg() == 0 {
+			break
+		}
+		if n := len(args) - c.flags.NArg(); n > 0 && args[n-1] == "--" {
+			pos = append(pos, c.flags.Args()...) // all after "--" are arguments
 			break
 		}
 		pos = append(pos, c.flags.Arg(0))

@@ -113,6 +113,27 @@ func TestBadCommandLine(t *testing.T) {
 	}
 }
 
+// Flags may follow arguments; after "--" everything is an argument.
+func TestCommandParse(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"a", "-force", "b"}, []string{"a", "b"}},
+		{[]string{"-force", "a", "--", "-h", "b"}, []string{"a", "-h", "b"}},
+		{[]string{"--", "-x"}, []string{"-x"}},
+	} {
+		var out bytes.Buffer
+		cmd := newCommand("test", "usage: munchable-webhooks test", &out, &out)
+		force := cmd.flags.Bool("force", false, "")
+		got, err := cmd.parse(tt.args, -1)
+		if err != nil || !*force && tt.args[0] == "-force" || strings.Join(got, " ") != strings.Join(tt.want, " ") {
+			t.Errorf("parse(%q) = %q, %v (force %v); want %q", tt.args, got, err, *force, tt.want)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"version"}, {"--version"}} {

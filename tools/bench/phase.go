@@ -81,6 +81,35 @@ func (p *phase) outcomes() map[string]float64 {
 	return out
 }
 
+// settledMetrics reads the service's metrics until two reads 10 ms apart
+// count the same deliveries (for at most a second). The service counts a
+// delivery just after answering it, so the last answers of a run can be
+// counted after the load generator has seen them, in the next run's window.
+func settledMetrics(ctx context.Context, url string) (counters, error) {
+	var last counters
+	for range 100 {
+		m, err := serviceMetrics(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		if last != nil && delivered(m) == delivered(last) {
+			return m, nil
+		}
+		last = m
+		time.Sleep(10 * time.Millisecond)
+	}
+	return last, nil
+}
+
+// delivered is the total of webhook_deliveries_total.
+func delivered(c counters) float64 {
+	var n float64
+	for _, v := range (&phase{metrics: c}).outcomes() {
+		n += v
+	}
+	return n
+}
+
 // checkOutcome notes a phase in which the service counted other outcomes
 // than the one every request should have had.
 func checkOutcome(p *phase, want string) {
@@ -112,7 +141,7 @@ func (h *harness) snapshot(ctx context.Context, t target) (snapshot, error) {
 	var s snapshot
 	var err error
 	if t.metricsURL != "" {
-		if s.metrics, err = serviceMetrics(ctx, t.metricsURL); err != nil {
+		if s.metrics, err = settledMetrics(ctx, t.metricsURL); err != nil {
 			return s, err
 		}
 	}
