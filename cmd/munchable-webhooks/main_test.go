@@ -53,16 +53,8 @@ func TestHelpNeverActs(t *testing.T) {
 		{"claims", "show", "-h"}, {"claims", "show", "stripe", "evt_1", "--help"},
 		{"claims", "release", "-h"}, {"claims", "done", "--help"}, {"claims", "stuck", "-h"},
 	} {
-		var stdout, stderr bytes.Buffer
-		err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), env, &stdout, &stderr)
-		if err != nil {
+		if err := wantUsage(t, env, args, "stdout"); err != nil {
 			t.Errorf("%q: err = %v, want nil (help acted?)", args, err)
-		}
-		if !strings.HasPrefix(stdout.String(), "usage: munchable-webhooks") {
-			t.Errorf("%q: stdout = %q, want the usage", args, stdout.String())
-		}
-		if stderr.Len() > 0 {
-			t.Errorf("%q: stderr = %q, want nothing", args, stderr.String())
 		}
 	}
 }
@@ -99,18 +91,29 @@ func TestBadCommandLine(t *testing.T) {
 		{"claims"}, {"claims", "purge"}, {"claims", "show", "stripe"}, {"claims", "show", "-force", "stripe", "evt_1"},
 		{"claims", "show", "paypal", "evt_1"}, {"claims", "stuck", "-older-than", "soon"},
 	} {
-		var stdout, stderr bytes.Buffer
-		err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), env, &stdout, &stderr)
-		if !errors.Is(err, errUsage) {
+		if err := wantUsage(t, env, args, "stderr"); !errors.Is(err, errUsage) {
 			t.Errorf("%q: err = %v, want a usage error", args, err)
 		}
-		if !strings.HasPrefix(stderr.String(), "usage: munchable-webhooks") {
-			t.Errorf("%q: stderr = %q, want the usage", args, stderr.String())
-		}
-		if stdout.Len() > 0 {
-			t.Errorf("%q: stdout = %q, want nothing", args, stdout.String())
-		}
 	}
+}
+
+// wantUsage runs the program with args and checks that it printed the
+// usage on stream ("stdout" or "stderr") and nothing on the other.
+func wantUsage(t *testing.T, env, args []string, stream string) error {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), env, &stdout, &stderr)
+	used, other := &stdout, &stderr
+	if stream == "stderr" {
+		used, other = other, used
+	}
+	if !strings.HasPrefix(used.String(), "usage: munchable-webhooks") {
+		t.Errorf("%q: %s = %q, want the usage", args, stream, used.String())
+	}
+	if other.Len() > 0 {
+		t.Errorf("%q: the other stream = %q, want nothing", args, other.String())
+	}
+	return err
 }
 
 // Flags may follow arguments; after "--" everything is an argument.
