@@ -22,7 +22,8 @@ Looks at and settles idempotency claims in Redis (REDIS_URL, REDIS_KEY_PREFIX,
 REDIS_TIMEOUT; STRIPE_DEDUPE_TTL and RESEND_DEDUPE_TTL for done).
 
 commands:
-  show PROVIDER EVENT_ID              state, owner, age and TTL left of the event's key, or "absent"
+  show PROVIDER EVENT_ID              state, owner, age and TTL left of the event's key, and its
+                                      failed attempts (failures=N: a poison event shows here), or "absent"
   release [-force] PROVIDER EVENT_ID  delete the event's processing claim, whoever holds it, so the
                                       provider's next retry runs at once; -force also deletes a done key
                                       (the next retry then applies the event again)
@@ -30,7 +31,8 @@ commands:
                                       deliveries are answered as duplicates
   stuck [-older-than 1m]              list processing claims older than the bound (SCAN, never KEYS): a
                                       claim older than HANDLER_TIMEOUT has outlived its handler, so its
-                                      holder died; it expires at CLAIM_PROCESSING_TTL
+                                      holder died; it expires at CLAIM_PROCESSING_TTL. Each line
+                                      shows the event's failed attempts too
 
 PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
 
