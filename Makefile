@@ -27,10 +27,11 @@ lint:
 	$(GO) tool staticcheck ./...
 
 # bench runs the load harness (tools/bench) against throwaway Postgres
-# and Redis: the service binary beside its ceilings (chi, chi + verify,
-# pgbench on its upsert, redis-benchmark on its claim script), on fast and
-# on durable Postgres, plus the Go benchmarks; it writes docs/PERFORMANCE.md
-# in about four minutes. BENCH_FLAGS=-h lists the knobs.
+# and Redis: the service binary beside its ceilings (chi, the service's
+# intake, pgbench on its upsert, redis-benchmark on its claim script), on
+# fast and on durable Postgres, plus the Go benchmarks; it writes the tables
+# to docs/bench-latest.md (docs/PERFORMANCE.md explains them) in about four
+# minutes. BENCH_FLAGS=-h lists the knobs.
 bench:
 	$(GO) run ./tools/bench -go $(GO) $(BENCH_FLAGS)
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,7 +22,8 @@ Looks at and settles idempotency claims in Redis (REDIS_URL, REDIS_KEY_PREFIX,
 REDIS_TIMEOUT; STRIPE_DEDUPE_TTL and RESEND_DEDUPE_TTL for done).
 
 commands:
-  show PROVIDER EVENT_ID              state, owner, age and TTL left of the event's key, or "absent"
+  show PROVIDER EVENT_ID              state, owner, age and TTL left of the event's key, and its
+                                      failed attempts (failures=N: a poison event shows here), or "absent"
   release [-force] PROVIDER EVENT_ID  delete the event's processing claim, whoever holds it, so the
                                       provider's next retry runs at once; -force also deletes a done key
                                       (the next retry then applies the event again)
@@ -29,7 +31,8 @@ commands:
                                       deliveries are answered as duplicates
   stuck [-older-than 1m]              list processing claims older than the bound (SCAN, never KEYS): a
                                       claim older than HANDLER_TIMEOUT has outlived its handler, so its
-                                      holder died; it expires at CLAIM_PROCESSING_TTL
+                                      holder died; it expires at CLAIM_PROCESSING_TTL. Each line
+                                      shows the event's failed attempts too
 
 PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
 
@@ -68,101 +71,135 @@ func (c claimsConfig) dedupeTTL(provider string) time.Duration {
 	return c.StripeDedupeTTL
 }
 
+// claimsRequest is one parsed claims command line.
+type claimsRequest struct {
+	sub               string
+	provider, eventID string
+	force             bool          // release
+	olderThan         time.Duration // stuck
+}
+
 func claims(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stdout, claimsUsage)
-		return nil
-	}
-	sub := args[0]
-	fs := flag.NewFlagSet("claims "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, claimsUsage) }
-	force := fs.Bool("force", false, "release: delete a done key too")
-	// The default is past the default HANDLER_TIMEOUT (30s) and under the
-	// default CLAIM_PROCESSING_TTL (120s), older than which no claim lives.
-	olderThan := fs.Duration("older-than", time.Minute, "stuck: list claims older than this")
-	pos, err := parseInterspersed(fs, args[1:])
+	req, err := parseClaims(args, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	wantArgs := 2
-	switch sub {
-	case "show", "release", "done":
-	case "stuck":
-		wantArgs = 0
-	default:
-		fmt.Fprintln(stderr, claimsUsage)
-		return fmt.Errorf("claims: unknown command %q", sub)
+	cfg, store, closeRedis, err := openClaimStore(environ, stderr)
+	if err != nil {
+		return err
 	}
-	if len(pos) != wantArgs {
-		fmt.Fprintln(stderr, claimsUsage)
-		return fmt.Errorf("claims %s: want %d arguments, got %d", sub, wantArgs, len(pos))
+	defer closeRedis()
+	now := time.Now()
+	switch req.sub {
+	case "show":
+		return showClaim(ctx, store, req.provider, req.eventID, now, stdout)
+	case "release":
+		return releaseClaim(ctx, store, req.provider, req.eventID, req.force, now, stdout)
+	case "done":
+		return markDone(ctx, store, req.provider, req.eventID, cfg.dedupeTTL(req.provider), stdout)
 	}
-	var provider, eventID string
-	if wantArgs == 2 {
-		provider, eventID = pos[0], pos[1]
-	}
-	if wantArgs == 2 && provider != "stripe" && provider != "resend" {
-		return fmt.Errorf("claims %s: provider %q: want stripe or resend", sub, provider)
-	}
+	return listStuck(ctx, store, req.olderThan, now, stdout)
+}
 
+// parseClaims reads the subcommand, its flags and its arguments.
+func parseClaims(args []string, stdout, stderr io.Writer) (claimsRequest, error) {
+	top := newCommand("claims", claimsUsage, stdout, stderr)
+	if len(args) == 0 {
+		return claimsRequest{}, top.misuse("want a command")
+	}
+	req := claimsRequest{sub: args[0]}
+	cmd := newCommand("claims "+req.sub, claimsUsage, stdout, stderr)
+	want := 2 // PROVIDER EVENT_ID
+	switch req.sub {
+	case "help", "-h", "-help", "--help":
+		top.printUsage(stdout)
+		return req, flag.ErrHelp
+	case "show", "done":
+	case "release":
+		cmd.flags.BoolVar(&req.force, "force", false, "also delete a done key")
+	case "stuck":
+		want = 0
+		// The default is past the default HANDLER_TIMEOUT (30s) and under
+		// the default CLAIM_PROCESSING_TTL (120s), older than which no claim
+		// lives.
+		cmd.flags.DurationVar(&req.olderThan, "older-than", time.Minute, "list claims older than this")
+	default:
+		return req, top.misuse("unknown command %q", req.sub)
+	}
+	pos, err := cmd.parse(args[1:], want)
+	if err != nil {
+		return req, err
+	}
+	if want == 2 {
+		req.provider, req.eventID = pos[0], pos[1]
+		if req.provider != "stripe" && req.provider != "resend" {
+			return req, cmd.misuse("provider %q: want stripe or resend", req.provider)
+		}
+	}
+	return req, nil
+}
+
+// openClaimStore reads the claims tool's configuration and connects to
+// Redis; the returned func closes the connection.
+func openClaimStore(environ []string, stderr io.Writer) (claimsConfig, *claim.Store, func(), error) {
 	cfg, err := parseEnv[claimsConfig](environ)
 	if err != nil {
-		return err
+		return cfg, nil, nil, err
 	}
 	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, newLogger(stderr, slog.LevelWarn))
 	if err != nil {
+		return cfg, nil, nil, err
+	}
+	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout})
+	return cfg, store, func() { _ = rdb.Close() }, nil
+}
+
+func showClaim(ctx context.Context, store *claim.Store, provider, eventID string, now time.Time, stdout io.Writer) error {
+	e, err := store.Inspect(ctx, provider, eventID)
+	if errors.Is(err, claim.ErrAbsent) {
+		fmt.Fprintf(stdout, "%s absent\n", store.Key(provider, eventID))
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	defer rdb.Close()
-	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout})
-	now := time.Now()
+	fmt.Fprintln(stdout, describeEntry(e, now))
+	return nil
+}
 
-	switch sub {
-	case "show":
-		e, err := store.Inspect(ctx, provider, eventID)
-		if errors.Is(err, claim.ErrAbsent) {
-			fmt.Fprintf(stdout, "%s absent\n", store.Key(provider, eventID))
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, describeEntry(e, now))
-		return nil
-
-	case "release":
-		e, err := store.ForceRelease(ctx, provider, eventID, *force)
-		if errors.Is(err, claim.ErrAbsent) {
-			fmt.Fprintf(stdout, "%s absent: nothing to release\n", store.Key(provider, eventID))
-			return nil
-		}
-		if errors.Is(err, claim.ErrNotProcessing) {
-			return fmt.Errorf("%w; not deleted (use -force to delete it: the next delivery then applies the event again)", err)
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "released: %s\n", describeEntry(e, now))
-		return nil
-
-	case "done":
-		ttl := cfg.dedupeTTL(provider)
-		if err := store.MarkDone(ctx, provider, eventID, ttl); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s marked done for %s\n", store.Key(provider, eventID), ttl)
+func releaseClaim(ctx context.Context, store *claim.Store, provider, eventID string, force bool, now time.Time, stdout io.Writer) error {
+	e, err := store.ForceRelease(ctx, provider, eventID, force)
+	if errors.Is(err, claim.ErrAbsent) {
+		fmt.Fprintf(stdout, "%s absent: nothing to release\n", store.Key(provider, eventID))
 		return nil
 	}
+	if errors.Is(err, claim.ErrNotProcessing) {
+		return fmt.Errorf("%w; not deleted (use -force to delete it: the next delivery then applies the event again)", err)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "released: %s\n", describeEntry(e, now))
+	return nil
+}
 
-	stuck, err := store.Stuck(ctx, *olderThan, now)
+func markDone(ctx context.Context, store *claim.Store, provider, eventID string, ttl time.Duration, stdout io.Writer) error {
+	if err := store.MarkDone(ctx, provider, eventID, ttl); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s marked done for %s\n", store.Key(provider, eventID), ttl)
+	return nil
+}
+
+func listStuck(ctx context.Context, store *claim.Store, olderThan time.Duration, now time.Time, stdout io.Writer) error {
+	stuck, err := store.Stuck(ctx, olderThan, now)
 	if err != nil {
 		return err
 	}
 	for _, e := range stuck {
 		fmt.Fprintln(stdout, describeEntry(e, now))
 	}
-	fmt.Fprintf(stdout, "%d processing claims older than %s\n", len(stuck), *olderThan)
+	fmt.Fprintf(stdout, "%d processing claims older than %s\n", len(stuck), olderThan)
 	return nil
 }
 
@@ -188,23 +225,8 @@ func describeEntry(e claim.Entry, now time.Time) string {
 		"age="+now.Sub(e.At).Round(time.Second).String(),
 		"at="+e.At.UTC().Format(time.RFC3339),
 		"ttl="+ttl,
-		"fingerprint="+orDash(e.Fingerprint))
+		"fingerprint="+orDash(e.Fingerprint),
+		// A poison event shows here: failures count its released attempts.
+		"failures="+strconv.FormatInt(e.Failures, 10))
 	return strings.Join(fields, " ")
-}
-
-// parseInterspersed parses flags wherever they stand ("release stripe evt_1
-// -force" as well as "release -force stripe evt_1") and returns the other
-// arguments in order.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -103,9 +105,50 @@ func TestClaimsCommandRefuses(t *testing.T) {
 			t.Errorf("%s: err = %v, want one mentioning %q", tt.name, err, tt.wantErr)
 		}
 	}
-	var out bytes.Buffer
-	if err := run(t.Context(), []string{"munchable-webhooks", "claims"}, nil, &out, &out); err != nil || !strings.Contains(out.String(), "stuck") {
-		t.Errorf("claims without a command = %v, %q; want the usage", err, out.String())
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), []string{"munchable-webhooks", "claims"}, nil, &out, &errOut); !errors.Is(err, errUsage) || !strings.Contains(errOut.String(), "stuck") {
+		t.Errorf("claims without a command = %v, %q; want a usage error and the usage on stderr", err, errOut.String())
+	}
+}
+
+// An event that keeps failing shows its failed attempts to the person on
+// call, in show and in stuck.
+func TestClaimsShowFailures(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := dbtest.Redis(t)
+	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: prefix, Timeout: time.Second, ProcessingTTL: 2 * time.Minute})
+	flow := claim.NewFlow(store, claim.FlowConfig{HandlerTimeout: time.Second})
+	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: time.Hour})
+	failing := claim.Event{ID: "evt_poison", Type: "customer.subscription.updated",
+		Apply: func(context.Context) error { return errors.New("upsert: boom") }}
+	for range 3 {
+		if outcome, _ := ep.Process(ctx, []byte(`{}`), failing); outcome != claim.Failed {
+			t.Fatalf("outcome = %s, want failed", outcome)
+		}
+	}
+	env := []string{"REDIS_URL=" + dbtest.RedisURL(t), "REDIS_KEY_PREFIX=" + prefix}
+	claims := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := run(ctx, append([]string{"munchable-webhooks", "claims"}, args...), env, &out, &out); err != nil {
+			t.Fatalf("claims %v: %v\n%s", args, err, &out)
+		}
+		return out.String()
+	}
+
+	// The fourth attempt holds the claim: show and stuck both count the
+	// three before it.
+	rdb.Set(ctx, store.Key("stripe", "evt_poison"), processingValue("tok4", time.Now().Add(-5*time.Minute), ""), time.Hour)
+	if out := claims("show", "stripe", "evt_poison"); !strings.Contains(out, "failures=3") {
+		t.Errorf("show = %q, want failures=3", out)
+	}
+	if out := claims("stuck"); !strings.Contains(out, ":stripe:evt_poison processing owner=tok4") || !strings.Contains(out, "failures=3") {
+		t.Errorf("stuck = %q, want the claim with failures=3", out)
+	}
+	rdb.Set(ctx, store.Key("stripe", "evt_fine"), processingValue("tok", time.Now(), ""), time.Hour)
+	if out := claims("show", "stripe", "evt_fine"); !strings.Contains(out, "failures=0") {
+		t.Errorf("show of an event that never failed = %q, want failures=0", out)
 	}
 }
 

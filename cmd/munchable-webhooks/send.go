@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,8 +26,8 @@ posts it to the service: the offline stand-in for "stripe trigger". The
 secret comes from STRIPE_WEBHOOK_SECRET or RESEND_WEBHOOK_SECRET; the
 provider from the event's type (email.* is Resend, anything else Stripe).
 Prints one line per answer: status, Webhook-Idempotency, Retry-After, body.
-
-flags:`
+Exits 1 when any request got no answer or an answer other than 2xx (a 409
+or a 400 included), so scripts can rely on it; 2 on a wrong command line.`
 
 // sendConfig holds the signing secrets; send needs only the provider's own.
 type sendConfig struct {
@@ -49,39 +48,32 @@ type sendFlags struct {
 	file        string
 }
 
-func parseSendFlags(args []string, stderr io.Writer) (sendFlags, error) {
+func parseSendFlags(args []string, stdout, stderr io.Writer) (sendFlags, error) {
 	var f sendFlags
-	fs := flag.NewFlagSet("send", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, sendUsage)
-		fs.PrintDefaults()
-	}
+	cmd := newCommand("send", sendUsage, stdout, stderr)
+	fs := cmd.flags
 	fs.StringVar(&f.url, "url", "http://127.0.0.1:8080", "base URL of the service; the path is the provider's webhook route")
 	fs.StringVar(&f.provider, "provider", "", "stripe or resend (default: from the event's type)")
 	fs.IntVar(&f.n, "n", 1, "send `N` times, one after another")
 	fs.IntVar(&f.concurrency, "concurrency", 1, "send `C` copies at once (each of the N times)")
 	fs.DurationVar(&f.age, "age", 0, "backdate the signature's timestamp by this much (e.g. 10m: stale)")
 	fs.StringVar(&f.id, "id", "", "event id (Stripe) or svix-id (Resend) to send instead of the file's")
-	if err := fs.Parse(args); err != nil {
+	pos, err := cmd.parse(args, -1)
+	if err != nil {
 		return f, err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return f, errors.New("send: want exactly one EVENT_FILE")
+	if len(pos) != 1 {
+		return f, cmd.misuse("want exactly one EVENT_FILE")
 	}
-	f.file = fs.Arg(0)
+	f.file = pos[0]
 	if f.n < 1 || f.concurrency < 1 {
-		return f, errors.New("send: -n and -concurrency must be at least 1")
+		return f, cmd.misuse("-n and -concurrency must be at least 1")
 	}
 	return f, nil
 }
 
 func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	f, err := parseSendFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
+	f, err := parseSendFlags(args, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -101,21 +93,21 @@ func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer)
 	client := &http.Client{Timeout: 2 * time.Minute} // longer than any handler deadline
 	failed := 0
 	for range f.n {
-		answers := make(chan string, f.concurrency)
+		answers := make(chan answer, f.concurrency)
 		for range f.concurrency {
 			go func() { answers <- out.post(ctx, client, time.Now().Add(-f.age)) }()
 		}
 		// Printed as they arrive: with -concurrency the order is the race's.
 		for range f.concurrency {
-			line := <-answers
-			if strings.HasPrefix(line, "error:") {
+			a := <-answers
+			if a.status < 200 || a.status > 299 {
 				failed++
 			}
-			fmt.Fprintln(stdout, line)
+			fmt.Fprintln(stdout, a.line)
 		}
 	}
 	if failed > 0 {
-		return fmt.Errorf("send: %d of %d requests got no answer", failed, f.n*f.concurrency)
+		return fmt.Errorf("send: %d of %d requests got no answer or not a 2xx", failed, f.n*f.concurrency)
 	}
 	return nil
 }
@@ -198,11 +190,18 @@ func withEventID(body []byte, id string) ([]byte, error) {
 	return json.Marshal(ev)
 }
 
+// answer is one request's outcome: its status (0 for none) and the line
+// that describes it.
+type answer struct {
+	status int
+	line   string
+}
+
 // post signs and sends the event once and describes the answer in one line.
-func (o outgoing) post(ctx context.Context, client *http.Client, at time.Time) string {
+func (o outgoing) post(ctx context.Context, client *http.Client, at time.Time) answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.url, bytes.NewReader(o.body))
 	if err != nil {
-		return "error: " + err.Error()
+		return answer{line: "error: " + err.Error()}
 	}
 	for k, v := range o.sign(at) {
 		req.Header[k] = v
@@ -210,13 +209,13 @@ func (o outgoing) post(ctx context.Context, client *http.Client, at time.Time) s
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return "error: " + err.Error()
+		return answer{line: "error: " + err.Error()}
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	return fmt.Sprintf("%d idempotency=%s retry-after=%s %s", resp.StatusCode,
+	return answer{status: resp.StatusCode, line: fmt.Sprintf("%d idempotency=%s retry-after=%s %s", resp.StatusCode,
 		orDash(resp.Header.Get("Webhook-Idempotency")), orDash(resp.Header.Get("Retry-After")),
-		strings.TrimSpace(string(b)))
+		strings.TrimSpace(string(b)))}
 }
 
 func orDash(s string) string {

@@ -41,10 +41,6 @@ commands:
                        event already done is a duplicate. --undelivered asks only for
                        events whose webhook delivery has not succeeded`
 
-// errStripeUsage marks a bad command line: usage went to stderr, and main
-// exits 2.
-var errStripeUsage = errors.New("usage")
-
 // replayWindow is how far back Stripe keeps events.
 const replayWindow = 30 * 24 * time.Hour
 
@@ -55,42 +51,33 @@ type stripeArgs struct {
 	undelivered bool
 }
 
-// parseStripeArgs reads "stripe COMMAND [flags]". Help goes to stdout and
-// yields an empty command; a bad line prints usage to stderr and returns
-// errStripeUsage.
+// parseStripeArgs reads "stripe COMMAND [flags]" the way every command
+// line is read (command in main.go): help goes to stdout and returns
+// flag.ErrHelp; a bad line prints usage to stderr and wraps errUsage.
 func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error) {
-	bad := func(format string, a ...any) (stripeArgs, error) {
-		fmt.Fprintln(stderr, stripeUsage)
-		return stripeArgs{}, fmt.Errorf("stripe: %s: %w", fmt.Sprintf(format, a...), errStripeUsage)
-	}
+	top := newCommand("stripe", stripeUsage, stdout, stderr)
 	if len(args) == 0 {
-		return bad("missing command")
+		return stripeArgs{}, top.misuse("missing command")
 	}
 	var out stripeArgs
 	switch out.command = args[0]; out.command {
-	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, stripeUsage)
-		return stripeArgs{}, nil
+	case "help", "-h", "-help", "--help":
+		top.printUsage(stdout)
+		return stripeArgs{}, flag.ErrHelp
 	case "sync", "replay":
 	default:
-		return bad("unknown command %q", out.command)
+		return stripeArgs{}, top.misuse("unknown command %q", out.command)
 	}
-	fs := flag.NewFlagSet("stripe "+out.command, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // usage is printed below, to the right stream
+	cmd := newCommand("stripe "+out.command, stripeUsage, stdout, stderr)
 	if out.command == "replay" {
-		fs.DurationVar(&out.since, "since", 0, "")
-		fs.BoolVar(&out.undelivered, "undelivered", false, "")
+		cmd.flags.DurationVar(&out.since, "since", 0, "")
+		cmd.flags.BoolVar(&out.undelivered, "undelivered", false, "")
 	}
-	switch err := fs.Parse(args[1:]); {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintln(stdout, stripeUsage)
-		return stripeArgs{}, nil
-	case err != nil:
-		return bad("%v", err)
-	case fs.NArg() > 0:
-		return bad("unexpected argument %q", fs.Arg(0))
-	case out.command == "replay" && (out.since <= 0 || out.since > replayWindow):
-		return bad("--since %s: want a duration above 0 and at most 720h (Stripe keeps 30 days of events)", out.since)
+	if _, err := cmd.parse(args[1:], 0); err != nil {
+		return stripeArgs{}, err
+	}
+	if out.command == "replay" && (out.since <= 0 || out.since > replayWindow) {
+		return stripeArgs{}, cmd.misuse("--since %s: want a duration above 0 and at most 720h (Stripe keeps 30 days of events)", out.since)
 	}
 	return out, nil
 }
@@ -141,7 +128,7 @@ func (c *stripeConfig) validate() []error {
 // stripeCommand runs "munchable-webhooks stripe ...".
 func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	a, err := parseStripeArgs(args, stdout, stderr)
-	if err != nil || a.command == "" {
+	if err != nil {
 		return err
 	}
 	cfg, err := parseEnv[stripeConfig](environ)

@@ -407,7 +407,7 @@ func TestStripeCommandLine(t *testing.T) {
 		{[]string{"sync", "--since", "1h"}, nil, "stderr", "not defined"},
 		{[]string{"replay"}, nil, "stderr", "--since"},
 		{[]string{"replay", "--since", "721h"}, nil, "stderr", "at most 720h"},
-		{[]string{"replay", "--since", "1h", "extra"}, nil, "stderr", "unexpected argument"},
+		{[]string{"replay", "--since", "1h", "extra"}, nil, "stderr", "want 0 arguments"},
 		{[]string{"sync"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "", "STRIPE_API_KEY is required"},
 		{[]string{"replay", "--since", "1h"}, env, "", "REDIS_URL is required"},
 	}
@@ -421,7 +421,7 @@ func TestStripeCommandLine(t *testing.T) {
 		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 			t.Errorf("stripe %s: err = %v, want one with %q", name, err, tt.wantErr)
 		}
-		if usage := tt.usage == "stderr"; usage != errors.Is(err, errStripeUsage) {
+		if usage := tt.usage == "stderr"; usage != errors.Is(err, errUsage) {
 			t.Errorf("stripe %s: err = %v, usage error (exit 2) %v", name, err, usage)
 		}
 		out := map[string]string{"stdout": stdout.String(), "stderr": stderr.String()}

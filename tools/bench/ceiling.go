@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,56 +13,48 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 )
 
-// serveCeiling is the "ceiling" subcommand: the part of the service's work
-// that every delivery pays, and nothing else, in a process of its own like
-// the service. Mode "chi" reads the body through the service's intake and
-// answers 200; mode "verify" also checks the signature as the Stripe
-// handler does. The server has the service's timeouts.
-func serveCeiling(ctx context.Context, args []string, stderr io.Writer) error {
+// serveCeiling is the "ceiling" subcommand: a process like the service
+// that runs the service's own intake (claim.Endpoint.Handler) and answers
+// every delivery as ignored, so it never reaches the claim. Mode "chi" only
+// reads the body and answers; mode "intake" also runs the Stripe handler's
+// own verify and decode (stripehook.Receiver.Decoder), which the service must run
+// before it can claim: it needs the event id, and a malformed event is
+// refused before any claim.
+func serveCeiling(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("ceiling", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	mode := fs.String("mode", "chi", "chi: read the body and answer; verify: also check the Stripe signature")
+	mode := fs.String("mode", "chi", "chi or intake")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
-	secret := fs.String("secret", "", "Stripe webhook secret (mode verify)")
+	secret := fs.String("secret", "", "Stripe webhook secret (mode intake)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *mode != "chi" && *mode != "verify" {
+	decode := func(http.Header, []byte) (claim.Event, error) { return claim.Event{ID: "ceiling"}, nil }
+	switch *mode {
+	case "chi":
+	case "intake":
+		service := stripehook.New(stripehook.Config{}).Decoder(*secret)
+		decode = func(h http.Header, body []byte) (claim.Event, error) {
+			ev, err := service(h, body)
+			ev.Apply = nil // answered as ignored: no claim, no store
+			return ev, err
+		}
+	default:
 		return fmt.Errorf("ceiling: unknown mode %q", *mode)
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// The service's own intake (claim.Endpoint.Handler) with a decode that
-	// stops before the claim: every delivery is answered as ignored, so the
-	// ceiling pays exactly the reading, verifying and answering the service
-	// pays, and the compiler sees the dependency.
-	ep := claim.NewFlow(claim.NewStore(nil, claim.StoreConfig{}), claim.FlowConfig{}).
-		Endpoint(claim.Provider{Name: "stripe"})
-	intake := ep.Handler(func(h http.Header, body []byte) (claim.Event, error) {
-		if *mode == "verify" {
-			if err := webhook.ValidatePayloadWithTolerance(body, h.Get("Stripe-Signature"), *secret, stripehook.Tolerance); err != nil {
-				return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrSignature, err)
-			}
-		}
-		return claim.Event{ID: "ceiling"}, nil
-	})
+	ep := claim.NewFlow(claim.NewStore(nil, claim.StoreConfig{}), claim.FlowConfig{}).Endpoint(claim.Provider{Name: "stripe"})
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	r.Method(http.MethodPost, "/webhooks/stripe", intake)
-	srv := &http.Server{
-		Handler:           r,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      40 * time.Second,
-		IdleTimeout:       120 * time.Second,
-	}
+	r.Method(http.MethodPost, "/webhooks/stripe", ep.Handler(decode))
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 40 * time.Second, IdleTimeout: 120 * time.Second}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err

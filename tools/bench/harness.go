@@ -145,7 +145,7 @@ type service struct {
 // startService starts the built binary on db, as operators would run it,
 // with LOG_LEVEL=warn: deliveries that succeed or are duplicates then log
 // nothing, rejected ones still log their warning line.
-func (h *harness) startService(ctx context.Context, name, db string, pgPort, maxConns int) (*service, error) {
+func (h *harness) startService(ctx context.Context, name, db string, pgPort int) (*service, error) {
 	port, err := dbtest.FreePort()
 	if err != nil {
 		return nil, err
@@ -162,9 +162,6 @@ func (h *harness) startService(ctx context.Context, name, db string, pgPort, max
 		"RESEND_API_KEY=re_bench_only",
 		"SUPPORT_INBOUND_ADDRESSES=support@munchable.app",
 		"LOG_LEVEL=warn",
-	}
-	if maxConns > 0 {
-		cmd.Env = append(cmd.Env, "DATABASE_MAX_CONNS="+strconv.Itoa(maxConns))
 	}
 	if h.o.serviceEnv != "" {
 		// Later entries win, so these override the ones above.
@@ -208,24 +205,21 @@ func (h *harness) startCeiling(ctx context.Context, mode string) (target, error)
 	return target{name: name, addr: addr, pid: c.pid()}, nil
 }
 
-func redisInfo(ctx context.Context, rdb *redis.Client) (string, []string, error) {
-	info, err := rdb.Info(ctx, "server").Result()
+// moduleRoot walks up from the working directory to the directory holding
+// go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
-	version := "unknown"
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
-			version = v
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
 		}
-	}
-	var settings []string
-	for _, name := range []string{"save", "appendonly", "maxmemory-policy", "io-threads"} {
-		kv, err := rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			return "", nil, err
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
 		}
-		settings = append(settings, fmt.Sprintf("%s=%q", name, kv[name]))
+		dir = parent
 	}
-	return version, settings, nil
 }

@@ -1,15 +1,13 @@
 // Command bench is the load harness behind `make bench`. From a clean clone
-// (Go, postgres and redis-server installed, nothing running) it starts
-// throwaway Postgres and Redis, builds and starts the service binary and two
-// ceiling servers, drives them with pre-generated signed Stripe events, runs
-// pgbench and redis-benchmark on the service's own upsert and claim script,
-// runs the Go benchmarks, repeats the first-delivery runs on a durable
-// Postgres, and writes docs/PERFORMANCE.md.
+// (Go, postgres, pgbench, redis-server and redis-benchmark installed,
+// nothing running) it starts throwaway Postgres and Redis, builds and
+// starts the service and two ceiling servers, drives them with pre-signed
+// Stripe events, runs pgbench and redis-benchmark on the service's own
+// upsert and claim script and the Go benchmarks, repeats first deliveries
+// on a durable Postgres, and writes the measured tables to
+// docs/bench-latest.md. docs/PERFORMANCE.md explains them.
 //
-//	go run ./tools/bench [-out docs/PERFORMANCE.md] [-duration 10s] ...
-//
-// Run as `bench ceiling -mode chi|verify -addr ...` it is one of the ceiling
-// servers (the harness starts them so).
+// Run as `bench ceiling -mode chi|intake -addr ...` it is a ceiling server.
 package main
 
 import (
@@ -36,40 +34,35 @@ type options struct {
 	duration    time.Duration
 	warmup      time.Duration
 	concurrency int
+	rssConc     int
 	rate        int
 	rounds      int
 	goBin       string
 	benchtime   string
-	profile     string
-	poolSizes   string
 	durable     bool
 	serviceEnv  string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "ceiling" {
-		return serveCeiling(ctx, args[1:], stderr)
+		return serveCeiling(ctx, args[1:])
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	fs.StringVar(&o.out, "out", "docs/PERFORMANCE.md", "report to write, relative to the module root (- for stdout)")
+	fs.StringVar(&o.out, "out", "docs/bench-latest.md", "tables to write, relative to the module root (- for stdout)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measured run")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each run")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "requests in flight in saturation runs; also pgbench and redis-benchmark clients")
+	fs.IntVar(&o.rssConc, "rss-concurrency", 64, "duplicates in flight in the run after which peak RSS is read")
 	fs.IntVar(&o.rate, "rate", 1000, "requests a second in fixed-rate runs")
-	fs.IntVar(&o.rounds, "rounds", 2, "saturation runs are split into this many interleaved rounds")
+	fs.IntVar(&o.rounds, "rounds", 2, "runs are split into this many interleaved rounds")
 	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service and run the Go benchmarks")
 	fs.StringVar(&o.benchtime, "benchtime", "500ms", "go test -benchtime for the Go benchmarks; empty skips them")
-	fs.StringVar(&o.profile, "profile", "auto", "perf profile of first deliveries: auto (when a target is missed), always, never")
-	fs.StringVar(&o.poolSizes, "pool-sizes", "", "also run first deliveries at saturation with these DATABASE_MAX_CONNS, e.g. 8,16,32")
-	fs.BoolVar(&o.durable, "durable", true, "repeat the first-delivery runs on Postgres with fsync and synchronous_commit on")
-	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. LOG_LEVEL=info,GOGC=200)")
+	fs.BoolVar(&o.durable, "durable", true, "repeat first deliveries on Postgres with fsync and synchronous_commit on")
+	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. GOGC=200)")
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	if o.profile != "auto" && o.profile != "always" && o.profile != "never" {
-		return fmt.Errorf("-profile %q: want auto, always or never", o.profile)
 	}
 	if o.rounds < 1 || o.duration/time.Duration(o.rounds) < time.Second {
 		return fmt.Errorf("-rounds %d: each round's slice of -duration %s must be at least 1s (pgbench counts whole seconds)", o.rounds, o.duration)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,15 +19,17 @@ type phase struct {
 	want   int    // expected status
 	load   loadResult
 
-	cpu  time.Duration // the target process's CPU during the runs
-	busy time.Duration // every core's busy time during the runs
-	ours time.Duration // CPU of the harness and everything it started
+	cpu    time.Duration // the target process's CPU during the runs
+	byProc counters      // CPU (ns) of the harness and everything it started, by process
 
 	redis   counters // deltas; see redisDelta
 	pg      counters // pg_stat_statements calls
 	metrics counters // the service's /metrics
 	notes   []string
 }
+
+// ours is the CPU of the harness and everything it started.
+func (p *phase) ours() time.Duration { return time.Duration(p.byProc.sum()) }
 
 func (p *phase) perRequest(d time.Duration) time.Duration {
 	if p.load.requests == 0 {
@@ -58,12 +59,11 @@ func (p *phase) add(q *phase) *phase {
 	l.lat = append(l.lat, q.load.lat...)
 	slices.Sort(l.lat)
 	p.cpu += q.cpu
-	p.busy += q.busy
-	p.ours += q.ours
 	p.redis = p.redis.plus(q.redis)
 	p.pg = p.pg.plus(q.pg)
 	p.metrics = p.metrics.plus(q.metrics)
 	p.notes = append(p.notes, q.notes...)
+	p.byProc = p.byProc.plus(q.byProc)
 	return p
 }
 
@@ -79,6 +79,35 @@ func (p *phase) outcomes() map[string]float64 {
 		out[outcome] += v
 	}
 	return out
+}
+
+// settledMetrics reads the service's metrics until two reads 10 ms apart
+// count the same deliveries (for at most a second). The service counts a
+// delivery just after answering it, so the last answers of a run can be
+// counted after the load generator has seen them, in the next run's window.
+func settledMetrics(ctx context.Context, url string) (counters, error) {
+	var last counters
+	for range 100 {
+		m, err := serviceMetrics(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		if last != nil && delivered(m) == delivered(last) {
+			return m, nil
+		}
+		last = m
+		time.Sleep(10 * time.Millisecond)
+	}
+	return last, nil
+}
+
+// delivered is the total of webhook_deliveries_total.
+func delivered(c counters) float64 {
+	var n float64
+	for _, v := range (&phase{metrics: c}).outcomes() {
+		n += v
+	}
+	return n
 }
 
 // checkOutcome notes a phase in which the service counted other outcomes
@@ -101,17 +130,18 @@ type target struct {
 }
 
 type snapshot struct {
-	cpu, busy, ours time.Duration
-	redis           counters
-	pg              counters
-	metrics         counters
+	cpu     time.Duration
+	byProc  counters
+	redis   counters
+	pg      counters
+	metrics counters
 }
 
 func (h *harness) snapshot(ctx context.Context, t target) (snapshot, error) {
 	var s snapshot
 	var err error
 	if t.metricsURL != "" {
-		if s.metrics, err = serviceMetrics(ctx, t.metricsURL); err != nil {
+		if s.metrics, err = settledMetrics(ctx, t.metricsURL); err != nil {
 			return s, err
 		}
 	}
@@ -126,10 +156,7 @@ func (h *harness) snapshot(ctx context.Context, t target) (snapshot, error) {
 	if s.cpu, err = procCPU(t.pid); err != nil {
 		return s, err
 	}
-	if s.ours, err = treeCPU(os.Getpid()); err != nil {
-		return s, err
-	}
-	s.busy, err = machineBusy()
+	s.byProc, err = treeCPU(os.Getpid())
 	return s, err
 }
 
@@ -163,11 +190,10 @@ func (h *harness) runPhase(ctx context.Context, t target, kind string, want int,
 	p := &phase{
 		target: t.name, kind: kind, fixed: fixed, want: want, load: res,
 		cpu:     after.cpu - before.cpu,
-		busy:    after.busy - before.busy,
-		ours:    after.ours - before.ours,
 		redis:   redisDelta(before.redis, after.redis),
 		pg:      after.pg.minus(before.pg),
 		metrics: after.metrics.minus(before.metrics),
+		byProc:  after.byProc.minus(before.byProc),
 	}
 	if n := res.unexpected(want); n > 0 {
 		p.notes = append(p.notes, fmt.Sprintf("%d of %d answers were not %d (%v; first error: %v)", n, res.requests, want, res.statuses, res.firstErr))
@@ -179,21 +205,10 @@ func (h *harness) runPhase(ctx context.Context, t target, kind string, want int,
 	if fixed {
 		mode = strconv.Itoa(h.o.rate) + " req/s"
 	}
-	h.logf("%-16s %-9s %-10s %6.0f req/s  p50 %6s  p99 %6s  p99.9 %6s ms  cpu %4.0f µs/req  redis %.2f rt/req  others %3.0f %% %v",
-		t.name, kind, mode, res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)), ms(res.percentile(.999)),
-		micros(p.perRequest(p.cpu)), p.redisPer()["round trips"], 100*p.others(runtime.NumCPU()), p.notes)
+	h.logf("%-16s %-9s %-10s %6.0f req/s  p50 %6s  p99 %6s ms  cpu %4.0f µs/req  all %4.0f µs/req %v",
+		t.name, kind, mode, res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)),
+		micros(p.perRequest(p.cpu)), micros(p.perRequest(p.ours())), p.notes)
 	return p, nil
-}
-
-// others is the share of the machine's CPU capacity during the runs that
-// went to processes the harness did not start (other users of the machine),
-// kernel threads and interrupts.
-func (p *phase) others(cpus int) float64 {
-	capacity := p.load.elapsed * time.Duration(cpus)
-	if capacity <= 0 {
-		return 0
-	}
-	return max(float64(p.busy-p.ours), 0) / float64(capacity)
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) }

@@ -158,16 +158,11 @@ func serviceMetrics(ctx context.Context, url string) (counters, error) {
 	return parseMetrics(resp.Body)
 }
 
-var wantMetrics = []string{
-	"go_memstats_alloc_bytes_total",
-	"go_memstats_mallocs_total",
-	"go_gc_duration_seconds_count",
-	"webhook_deliveries_total",
-}
-
-// parseMetrics keeps the samples of wantMetrics from the Prometheus text
+// parseMetrics keeps the samples of the allocation, GC and delivery
+// counters from the Prometheus text
 // format, keyed by the sample's name and labels as written.
 func parseMetrics(r io.Reader) (counters, error) {
+	want := []string{"go_memstats_alloc_bytes_total", "go_memstats_mallocs_total", "go_gc_duration_seconds_count", "webhook_deliveries_total"}
 	c := counters{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
@@ -178,7 +173,7 @@ func parseMetrics(r io.Reader) (counters, error) {
 		}
 		name, _, _ := strings.Cut(line, "{")
 		name, _, _ = strings.Cut(name, " ")
-		if !slices.Contains(wantMetrics, name) {
+		if !slices.Contains(want, name) {
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
@@ -189,4 +184,12 @@ func parseMetrics(r io.Reader) (counters, error) {
 		c[line[:i]] = v
 	}
 	return c, sc.Err()
+}
+
+func (c counters) sum() float64 {
+	var s float64
+	for _, v := range c {
+		s += v
+	}
+	return s
 }

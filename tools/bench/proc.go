@@ -168,45 +168,18 @@ func procStatusKiB(pid int, field string) (int64, error) {
 	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
 }
 
-// machineBusy returns the CPU time all cores spent not idle, from
-// /proc/stat.
-func machineBusy() (time.Duration, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	fields := strings.Fields(line)
-	if len(fields) < 8 || fields[0] != "cpu" {
-		return 0, errors.New("/proc/stat: no cpu line")
-	}
-	var busy int64
-	// user nice system idle iowait irq softirq steal: all but idle, iowait
-	// and steal (time the hypervisor gave to someone else).
-	for i, f := range fields[1:9] {
-		if i == 3 || i == 4 || i == 7 {
-			continue
-		}
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, err
-		}
-		busy += n
-	}
-	return time.Duration(busy) * clockTick, nil
-}
-
 // treeCPU returns the CPU time used by process root and every process
-// below it, including descendants that have exited (their time is in
-// their parents' cutime and cstime once reaped). Everything the harness
-// starts, Postgres and Redis included, is below it.
-func treeCPU(root int) (time.Duration, error) {
+// below it, by command name (root itself is "generator"), including
+// descendants that have exited (their time is in their parents' cutime and
+// cstime once reaped). Everything the harness starts is below it.
+func treeCPU(root int) (counters, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	type proc struct {
 		ppid  int
+		comm  string
 		ticks int64
 	}
 	procs := map[int]proc{}
@@ -220,7 +193,11 @@ func treeCPU(root int) (time.Duration, error) {
 			continue // gone meanwhile
 		}
 		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
 		if len(fields) < 15 {
 			continue
 		}
@@ -230,19 +207,29 @@ func treeCPU(root int) (time.Duration, error) {
 			n, _ := strconv.ParseInt(f, 10, 64)
 			ticks += n
 		}
-		procs[pid] = proc{ppid: ppid, ticks: ticks}
+		procs[pid] = proc{ppid: ppid, comm: s[open+1 : end], ticks: ticks}
 	}
 	children := map[int][]int{}
 	for pid, p := range procs {
 		children[p.ppid] = append(children[p.ppid], pid)
 	}
-	var ticks int64
+	by := counters{}
 	queue := []int{root}
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = queue[1:]
-		ticks += procs[pid].ticks
+		name := procs[pid].comm
+		if pid == root {
+			name = "generator"
+		}
+		by[name] += float64(time.Duration(procs[pid].ticks) * clockTick)
 		queue = append(queue, children[pid]...)
 	}
-	return time.Duration(ticks) * clockTick, nil
+	return by, nil
+}
+
+// ourCPU is the CPU time of the harness and everything it started.
+func ourCPU() (time.Duration, error) {
+	c, err := treeCPU(os.Getpid())
+	return time.Duration(c.sum()), err
 }

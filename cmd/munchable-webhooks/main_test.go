@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+// TestMain lets a test run this test binary as the program itself, to see
+// main's exit status: MUNCHABLE_RUN_MAIN=1 makes it call main instead of
+// the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv("MUNCHABLE_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// nowhere is an environment in which every command that acts fails at once:
+// no server listens on these addresses. A help request that returns nil in
+// it has done nothing but print.
+func nowhere(t *testing.T) []string {
+	t.Helper()
+	port, err := dbtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := validEnv()
+	env["DATABASE_URL"] = "postgres://app@127.0.0.1:" + strconv.Itoa(port) + "/app?connect_timeout=1"
+	env["REDIS_URL"] = "redis://127.0.0.1:" + strconv.Itoa(port)
+	env["LISTEN_ADDR"] = "127.0.0.1:" + strconv.Itoa(port)
+	return environ(env)
+}
+
+func TestHelpNeverActs(t *testing.T) {
+	t.Parallel()
+	env := nowhere(t)
+	for _, args := range [][]string{
+		{"-h"}, {"--help"}, {"help"},
+		{"serve", "-h"}, {"serve", "--help"},
+		{"migrate", "-h"}, {"migrate", "--help"},
+		{"version", "--help"},
+		{"healthcheck", "-h"}, {"healthcheck", "--help"},
+		{"send", "-h"}, {"send", "--help"}, {"send", "-n", "3", "--help", "missing.json"},
+		{"claims", "-h"}, {"claims", "help"},
+		{"claims", "show", "-h"}, {"claims", "show", "stripe", "evt_1", "--help"},
+		{"claims", "release", "-h"}, {"claims", "done", "--help"}, {"claims", "stuck", "-h"},
+	} {
+		if err := wantUsage(t, env, args, "stdout"); err != nil {
+			t.Errorf("%q: err = %v, want nil (help acted?)", args, err)
+		}
+	}
+}
+
+// Each command's help names its own flags.
+func TestHelpListsFlags(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"send", "-h"}, "-concurrency C"},
+		{[]string{"claims", "release", "-h"}, "-force"},
+		{[]string{"claims", "stuck", "-h"}, "-older-than"},
+		{[]string{"send", "-h"}, "other than 2xx"},
+	} {
+		var stdout bytes.Buffer
+		if err := run(t.Context(), append([]string{"munchable-webhooks"}, tt.args...), nil, &stdout, &stdout); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stdout.String(), tt.want) {
+			t.Errorf("%q: usage lacks %q:\n%s", tt.args, tt.want, &stdout)
+		}
+	}
+}
+
+func TestBadCommandLine(t *testing.T) {
+	t.Parallel()
+	env := nowhere(t)
+	for _, args := range [][]string{
+		{"frobnicate"}, {"--bogus"},
+		{"serve", "--bogus"}, {"serve", "extra"}, {"migrate", "-x"}, {"version", "now"}, {"healthcheck", "-v"},
+		{"send", "-bogus", "f.json"}, {"send"}, {"send", "-n", "0", "f.json"},
+		{"claims"}, {"claims", "purge"}, {"claims", "show", "stripe"}, {"claims", "show", "-force", "stripe", "evt_1"},
+		{"claims", "show", "paypal", "evt_1"}, {"claims", "stuck", "-older-than", "soon"},
+	} {
+		if err := wantUsage(t, env, args, "stderr"); !errors.Is(err, errUsage) {
+			t.Errorf("%q: err = %v, want a usage error", args, err)
+		}
+	}
+}
+
+// wantUsage runs the program with args and checks that it printed the
+// usage on stream ("stdout" or "stderr") and nothing on the other.
+func wantUsage(t *testing.T, env, args []string, stream string) error {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), env, &stdout, &stderr)
+	used, other := &stdout, &stderr
+	if stream == "stderr" {
+		used, other = other, used
+	}
+	if !strings.HasPrefix(used.String(), "usage: munchable-webhooks") {
+		t.Errorf("%q: %s = %q, want the usage", args, stream, used.String())
+	}
+	if other.Len() > 0 {
+		t.Errorf("%q: the other stream = %q, want nothing", args, other.String())
+	}
+	return err
+}
+
+// Flags may follow arguments; after "--" everything is an argument.
+func TestCommandParse(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"a", "-force", "b"}, []string{"a", "b"}},
+		{[]string{"-force", "a", "--", "-h", "b"}, []string{"a", "-h", "b"}},
+		{[]string{"--", "-x"}, []string{"-x"}},
+	} {
+		var out bytes.Buffer
+		cmd := newCommand("test", "usage: munchable-webhooks test", &out, &out)
+		force := cmd.flags.Bool("force", false, "")
+		got, err := cmd.parse(tt.args, -1)
+		if err != nil || !*force && tt.args[0] == "-force" || strings.Join(got, " ") != strings.Join(tt.want, " ") {
+			t.Errorf("parse(%q) = %q, %v (force %v); want %q", tt.args, got, err, *force, tt.want)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		var stdout bytes.Buffer
+		if err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), nil, &stdout, &stdout); err != nil {
+			t.Fatal(err)
+		}
+		if got := stdout.String(); got != version+"\n" {
+			t.Errorf("%q printed %q, want %q", args, got, version+"\n")
+		}
+	}
+}
+
+// main's exit status: 0 for help, 2 for a wrong command line, 1 for a
+// command that ran and failed.
+func TestExitStatus(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(nowhere(t), "MUNCHABLE_RUN_MAIN=1")
+	for _, tt := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"migrate", "--help"}, 0},
+		{[]string{"migrate", "--bogus"}, 2},
+		{[]string{"frobnicate"}, 2},
+		{[]string{"migrate"}, 1}, // nothing listens on DATABASE_URL
+	} {
+		cmd := exec.CommandContext(t.Context(), self, tt.args...)
+		cmd.Env = env
+		err := cmd.Run()
+		got := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			got = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if got != tt.want {
+			t.Errorf("%q exited %d, want %d", tt.args, got, tt.want)
+		}
+	}
+}
