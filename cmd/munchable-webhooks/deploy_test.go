@@ -621,7 +621,8 @@ type labelSelector struct {
 
 type podTemplate struct {
 	Metadata struct {
-		Labels map[string]string `yaml:"labels"`
+		Labels      map[string]string `yaml:"labels"`
+		Annotations map[string]string `yaml:"annotations"`
 	} `yaml:"metadata"`
 	Spec struct {
 		TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
@@ -747,7 +748,8 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 	var k struct {
 		Resources []string `yaml:"resources"`
 		Images    []struct {
-			Name string `yaml:"name"`
+			Name   string `yaml:"name"`
+			NewTag string `yaml:"newTag"`
 		} `yaml:"images"`
 	}
 	if err := yaml.Unmarshal([]byte(readRepoFile(t, "deploy/kustomization.yaml")), &k); err != nil {
@@ -759,7 +761,12 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 		t.Errorf("kustomization resources vs deploy/*.yaml (-files +listed):\n%s", diff)
 	}
 	if len(k.Images) != 1 || k.Images[0].Name != "munchable-webhooks" {
-		t.Errorf("kustomization images = %+v, want the one image name the manifests use", k.Images)
+		t.Fatalf("kustomization images = %+v, want the one image name the manifests use", k.Images)
+	}
+	// The manifests name the image without a tag (checkPodSecurity); the tag
+	// is pinned here, once.
+	if tag := k.Images[0].NewTag; tag == "" || tag == "latest" {
+		t.Errorf("kustomization pins image tag %q, want a release version", tag)
 	}
 }
 
@@ -871,12 +878,13 @@ func TestKubernetesManifests(t *testing.T) {
 	// Deployment.
 	deployObj := mustObject(t, objs, "Deployment/munchable-webhooks")
 	deploy := decodeSpec[struct {
-		Replicas int           `yaml:"replicas"`
+		Replicas *int          `yaml:"replicas"`
 		Selector labelSelector `yaml:"selector"`
 		Template podTemplate   `yaml:"template"`
 	}](t, deployObj)
-	if deploy.Replicas != 3 {
-		t.Errorf("replicas = %d, want 3", deploy.Replicas)
+	// The HPA owns the count: a replicas field would reset it on every apply.
+	if deploy.Replicas != nil {
+		t.Errorf("deployment sets replicas: %d, while hpa.yaml scales it", *deploy.Replicas)
 	}
 	pod := deploy.Template
 	if !subset(deploy.Selector.MatchLabels, pod.Metadata.Labels) {
@@ -907,14 +915,28 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Fatalf("the deployment's environment (secrets stood in for) does not load:\n%v", err)
 	}
 
-	// Ports and probes.
+	// Ports and probes: http is LISTEN_ADDR, metrics is METRICS_ADDR.
 	port, _ := strconv.Atoi(listenPort(t, cfg.ListenAddr))
+	if cfg.MetricsAddr == "" {
+		t.Fatal("the deployment does not set METRICS_ADDR: /metrics would be on the public port")
+	}
+	metricsPort, _ := strconv.Atoi(listenPort(t, cfg.MetricsAddr))
 	portByName := map[string]int{}
 	for _, p := range c.Ports {
 		portByName[p.Name] = p.ContainerPort
 	}
-	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != port {
-		t.Errorf("container ports %+v, want one: LISTEN_ADDR's %d", c.Ports, port)
+	if want := map[string]int{"http": port, "metrics": metricsPort}; !cmp.Equal(portByName, want) || len(c.Ports) != 2 {
+		t.Errorf("container ports %+v, want http %d (LISTEN_ADDR) and metrics %d (METRICS_ADDR)", c.Ports, port, metricsPort)
+	}
+	wantScrape := map[string]string{
+		"prometheus.io/scrape": "true",
+		"prometheus.io/port":   strconv.Itoa(metricsPort),
+		"prometheus.io/path":   "/metrics",
+	}
+	for k, v := range wantScrape {
+		if got := pod.Metadata.Annotations[k]; got != v {
+			t.Errorf("pod annotation %s = %q, want %q", k, got, v)
+		}
 	}
 	resolve := func(n yaml.Node) int {
 		if p, err := strconv.Atoi(n.Value); err == nil {
@@ -974,7 +996,11 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("service selector %v does not select the pods %v", svc.Selector, pod.Metadata.Labels)
 	}
 	for _, p := range svc.Ports {
-		if resolve(p.TargetPort) != port {
+		switch resolve(p.TargetPort) {
+		case port:
+		case metricsPort:
+			t.Errorf("service exposes the metrics port (targetPort %q) to the load balancer", p.TargetPort.Value)
+		default:
 			t.Errorf("service targetPort %q is not the container port %d", p.TargetPort.Value, port)
 		}
 	}
@@ -1003,8 +1029,9 @@ func TestKubernetesManifests(t *testing.T) {
 	if hpa.ScaleTargetRef.Kind != "Deployment" || hpa.ScaleTargetRef.Name != deployObj.Metadata.Name {
 		t.Errorf("HPA scales %+v", hpa.ScaleTargetRef)
 	}
-	if hpa.MinReplicas != deploy.Replicas || hpa.MaxReplicas < hpa.MinReplicas {
-		t.Errorf("HPA replicas %d..%d, want a floor equal to the deployment's %d", hpa.MinReplicas, hpa.MaxReplicas, deploy.Replicas)
+	// With the PDB's one pod down, at least two keep serving.
+	if hpa.MinReplicas < 3 || hpa.MaxReplicas < hpa.MinReplicas {
+		t.Errorf("HPA replicas %d..%d, want a floor of at least 3", hpa.MinReplicas, hpa.MaxReplicas)
 	}
 	if len(hpa.Metrics) != 1 || hpa.Metrics[0].Resource.Name != "cpu" {
 		t.Errorf("HPA metrics %+v, want CPU", hpa.Metrics)
