@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -1067,5 +1069,189 @@ func TestShellFields(t *testing.T) {
 	want := []string{"CGO_ENABLED=0", "go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=${VERSION}", "-o", "/out/x", "./cmd/a b"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Error(fmt.Sprint(diff))
+	}
+}
+
+// --- deploy/prometheus and deploy/grafana ---
+
+var (
+	promQLString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'`)
+	promQLBraces   = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]`)
+	promQLGrouping = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	promQLIdent    = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
+	promQLKeywords = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true, "group_left": true, "group_right": true, "inf": true, "nan": true}
+)
+
+// promQLMetrics returns the metric names an expression reads: identifiers
+// that are not functions, keywords, label names or durations.
+func promQLMetrics(expr string) []string {
+	e := promQLString.ReplaceAllString(expr, `""`)
+	e = promQLBraces.ReplaceAllString(e, " ")
+	e = promQLGrouping.ReplaceAllString(e, " ")
+	var names []string
+	for _, loc := range promQLIdent.FindAllStringIndex(e, -1) {
+		name := e[loc[0]:loc[1]]
+		if loc[0] > 0 && strings.ContainsAny(e[loc[0]-1:loc[0]], "0123456789.$") {
+			continue // the unit of a number, or a Grafana variable
+		}
+		if rest := strings.TrimLeft(e[loc[1]:], " \t\n"); strings.HasPrefix(rest, "(") || promQLKeywords[name] {
+			continue
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
+func TestPromQLMetrics(t *testing.T) {
+	t.Parallel()
+	got := promQLMetrics(`sum by (provider, le) (rate(a_seconds_bucket{le="30", x=~"a|b"}[5m])) / on(provider) group_left count(b_total offset 1h) > 0.05 and c unless d_total{reason="no_redis"} * 2e3`)
+	want := []string{"a_seconds_bucket", "b_total", "c", "d_total"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("promQLMetrics (-want +got):\n%s", diff)
+	}
+}
+
+// observabilityExprs returns every PromQL expression of the alerting rules
+// and the dashboard, keyed by where it is.
+func observabilityExprs(t *testing.T) map[string]string {
+	t.Helper()
+	exprs := map[string]string{}
+	for _, r := range alertRules(t) {
+		exprs["alert "+r.Alert] = r.Expr
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(readRepoFile(t, "deploy/grafana/munchable-webhooks.json")), &dash); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for i, tg := range p.Targets {
+			exprs[fmt.Sprintf("panel %q #%d", p.Title, i+1)] = tg.Expr
+		}
+	}
+	return exprs
+}
+
+type alertRule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+func alertRules(t *testing.T) []alertRule {
+	t.Helper()
+	var f struct {
+		Groups []struct {
+			Rules []alertRule `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal([]byte(readRepoFile(t, "deploy/prometheus/alerts.yaml")), &f); err != nil {
+		t.Fatalf("alerts.yaml: %v", err)
+	}
+	var rules []alertRule
+	for _, g := range f.Groups {
+		rules = append(rules, g.Rules...)
+	}
+	if len(rules) == 0 {
+		t.Fatal("alerts.yaml has no rules")
+	}
+	return rules
+}
+
+// exportedMetrics scrapes a running service and returns its metric families
+// by name, with their types.
+func exportedMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	s := startService(t, nil)
+	r, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	families := map[string]string{}
+	sc := bufio.NewScanner(r.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			families[f[2]] = f[3]
+		}
+	}
+	if len(families) < 10 {
+		t.Fatalf("scraped only %v", families)
+	}
+	return families
+}
+
+// Every metric the dashboard and the alerts read is one the service exports
+// (a histogram's _bucket, _sum and _count series included): a renamed or
+// never-written metric would leave a panel empty and an alert silent.
+func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
+	t.Parallel()
+	exprs := observabilityExprs(t)
+	families := exportedMetrics(t)
+	exported := func(name string) bool {
+		if _, ok := families[name]; ok {
+			return true
+		}
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && (families[base] == "histogram" || families[base] == "summary") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, where := range slices.Sorted(maps.Keys(exprs)) {
+		names := promQLMetrics(exprs[where])
+		if len(names) == 0 {
+			t.Errorf("%s reads no metric: %s", where, exprs[where])
+		}
+		for _, name := range names {
+			if !exported(name) {
+				t.Errorf("%s reads %s, which the service does not export", where, name)
+			}
+		}
+	}
+}
+
+// githubAnchors returns the anchors GitHub gives a Markdown file's headings.
+func githubAnchors(markdown string) map[string]bool {
+	anchors := map[string]bool{}
+	drop := regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
+	for line := range strings.SplitSeq(markdown, "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		a := strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(h), ""), " ", "-")
+		anchors[a] = true
+	}
+	return anchors
+}
+
+// Each alert has a severity and a runbook section that exists.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	t.Parallel()
+	const runbook = "https://github.com/munchable/munchable-webhooks/blob/main/docs/OPERATIONS.md#"
+	anchors := githubAnchors(readRepoFile(t, "docs/OPERATIONS.md"))
+	for _, r := range alertRules(t) {
+		if sev := r.Labels["severity"]; sev != "critical" && sev != "warning" && sev != "info" {
+			t.Errorf("%s: severity %q, want critical, warning or info", r.Alert, sev)
+		}
+		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbook)
+		if !ok || !anchors[anchor] {
+			t.Errorf("%s: runbook_url %q is not a section of docs/OPERATIONS.md", r.Alert, r.Annotations["runbook_url"])
+		}
+		if r.Annotations["summary"] == "" {
+			t.Errorf("%s has no summary", r.Alert)
+		}
 	}
 }
