@@ -69,14 +69,23 @@ func drainingCommand() int {
 	return 0
 }
 
+// requireServerBinaries skips the test without redis-server or Postgres's
+// initdb (the Debian layout, or on PATH), and fails it under CI=true.
 func requireServerBinaries(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server not installed (scripts/ensure-deps installs it)")
-		}
-		t.Skip("redis-server not installed: scripts/ensure-deps installs it")
+	_, redisErr := exec.LookPath("redis-server")
+	initdb, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if _, err := exec.LookPath("initdb"); err == nil {
+		initdb = append(initdb, "initdb")
 	}
+	if redisErr == nil && len(initdb) > 0 {
+		return
+	}
+	msg := "redis-server or the Postgres server binaries are not installed: scripts/ensure-deps installs them"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
 }
 
 // A Ctrl-C in a terminal signals the terminal's whole foreground process
