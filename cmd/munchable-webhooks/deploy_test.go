@@ -1169,8 +1169,8 @@ func alertRules(t *testing.T) []alertRule {
 }
 
 // exportedMetrics scrapes a running service and returns its metric families
-// by name, with their types.
-func exportedMetrics(t *testing.T) map[string]string {
+// by name, with their types, and the sample lines.
+func exportedMetrics(t *testing.T) (families map[string]string, samples []string) {
 	t.Helper()
 	s := startService(t, nil)
 	r, err := http.Get(s.url + "/metrics")
@@ -1178,18 +1178,23 @@ func exportedMetrics(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	defer r.Body.Close()
-	families := map[string]string{}
+	families = map[string]string{}
 	sc := bufio.NewScanner(r.Body)
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			families[f[2]] = f[3]
+		} else if !strings.HasPrefix(sc.Text(), "#") {
+			samples = append(samples, sc.Text())
 		}
 	}
 	if len(families) < 10 {
 		t.Fatalf("scraped only %v", families)
 	}
-	return families
+	return families, samples
 }
+
+// promQLBucketBound finds a histogram bucket chosen by its bound.
+var promQLBucketBound = regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*_bucket)\{[^}]*\ble="([^"]+)"`)
 
 // Every metric the dashboard and the alerts read is one the service exports
 // (a histogram's _bucket, _sum and _count series included): a renamed or
@@ -1197,7 +1202,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	exprs := observabilityExprs(t)
-	families := exportedMetrics(t)
+	families, samples := exportedMetrics(t)
 	exported := func(name string) bool {
 		if _, ok := families[name]; ok {
 			return true
@@ -1217,6 +1222,14 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		for _, name := range names {
 			if !exported(name) {
 				t.Errorf("%s reads %s, which the service does not export", where, name)
+			}
+		}
+		// A bucket picked by its bound must be one of the histogram's: with
+		// other buckets the selector matches nothing and the alert is mute.
+		for _, m := range promQLBucketBound.FindAllStringSubmatch(exprs[where], -1) {
+			bound := `le="` + m[2] + `"`
+			if !slices.ContainsFunc(samples, func(l string) bool { return strings.HasPrefix(l, m[1]+"{") && strings.Contains(l, bound) }) {
+				t.Errorf("%s reads %s{%s}, which is not a bucket the service exports", where, m[1], bound)
 			}
 		}
 	}
