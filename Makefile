@@ -1,5 +1,7 @@
-# munchable-webhooks: every target runs from a clean clone with Go and the
-# Postgres/Redis server binaries installed; nothing needs to be running.
+# munchable-webhooks: every target runs from a clean clone with Go; dev,
+# test and lint first run scripts/ensure-deps, which installs the rest
+# (Postgres and Redis server binaries, a C compiler, chromium, promtool) with
+# apt as root, or says what to run. Nothing needs to be running.
 
 GO      ?= go
 BIN     := bin/munchable-webhooks
@@ -7,7 +9,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The Dockerfile builds with exactly these flags.
 BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: build run test lint bench fuzz
+.PHONY: build run deps test lint bench fuzz
+
+# deps installs what dev, test and lint need beyond Go, or says how.
+deps:
+	@scripts/ensure-deps
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN) ./cmd/munchable-webhooks
@@ -18,13 +24,16 @@ run: build
 
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
 # TEST_REDIS_URL it starts throwaway postgres and redis-server first.
-test:
+test: deps
 	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
 
-lint:
+# lint also checks the alerting rules and runs their unit tests.
+lint: deps
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts_test.yaml
 
 # bench runs the load harness (tools/bench) against throwaway Postgres
 # and Redis: the service binary beside its ceilings (chi, the service's
@@ -50,11 +59,13 @@ fuzz:
 # dev runs the service on 127.0.0.1:8080 with the dev-only secrets of
 # docker-compose.yml (each overridable from the environment) against
 # throwaway postgres and redis-server kept under ./.dev/, or against the
-# servers named by DATABASE_URL and REDIS_URL. serve migrates first. Ctrl-C
-# stops the service, then the servers. (withservers is built, not `go run`:
-# go run exits 1 after any Ctrl-C, which would hide the service's status.)
+# servers named by DATABASE_URL and REDIS_URL. It prints both URLs and writes
+# them to .dev/env (`set -a; . .dev/env; set +a` in another shell, for the
+# claims and stripe subcommands). serve migrates first. Ctrl-C drains the
+# service, then stops the servers. (withservers is built, not `go run`: go
+# run exits 1 after any Ctrl-C, which would hide the service's status.)
 .PHONY: dev
-dev: build
+dev: deps build
 	$(GO) build -o bin/withservers ./tools/withservers
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
@@ -62,7 +73,7 @@ dev: build
 	RESEND_API_KEY="$${RESEND_API_KEY:-re_dev_only}" \
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
-	bin/withservers -dir .dev -database-env DATABASE_URL -redis-env REDIS_URL -- ./$(BIN) serve
+	bin/withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -- ./$(BIN) serve
 
 # soak plays Stripe and Resend (20,000 events by default, 30 % redelivered,
 # some out of order) against the service while Redis, Postgres and the

@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -621,7 +623,8 @@ type labelSelector struct {
 
 type podTemplate struct {
 	Metadata struct {
-		Labels map[string]string `yaml:"labels"`
+		Labels      map[string]string `yaml:"labels"`
+		Annotations map[string]string `yaml:"annotations"`
 	} `yaml:"metadata"`
 	Spec struct {
 		TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
@@ -747,7 +750,8 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 	var k struct {
 		Resources []string `yaml:"resources"`
 		Images    []struct {
-			Name string `yaml:"name"`
+			Name   string `yaml:"name"`
+			NewTag string `yaml:"newTag"`
 		} `yaml:"images"`
 	}
 	if err := yaml.Unmarshal([]byte(readRepoFile(t, "deploy/kustomization.yaml")), &k); err != nil {
@@ -759,7 +763,12 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 		t.Errorf("kustomization resources vs deploy/*.yaml (-files +listed):\n%s", diff)
 	}
 	if len(k.Images) != 1 || k.Images[0].Name != "munchable-webhooks" {
-		t.Errorf("kustomization images = %+v, want the one image name the manifests use", k.Images)
+		t.Fatalf("kustomization images = %+v, want the one image name the manifests use", k.Images)
+	}
+	// The manifests name the image without a tag (checkPodSecurity); the tag
+	// is pinned here, once.
+	if tag := k.Images[0].NewTag; tag == "" || tag == "latest" {
+		t.Errorf("kustomization pins image tag %q, want a release version", tag)
 	}
 }
 
@@ -871,12 +880,13 @@ func TestKubernetesManifests(t *testing.T) {
 	// Deployment.
 	deployObj := mustObject(t, objs, "Deployment/munchable-webhooks")
 	deploy := decodeSpec[struct {
-		Replicas int           `yaml:"replicas"`
+		Replicas *int          `yaml:"replicas"`
 		Selector labelSelector `yaml:"selector"`
 		Template podTemplate   `yaml:"template"`
 	}](t, deployObj)
-	if deploy.Replicas != 3 {
-		t.Errorf("replicas = %d, want 3", deploy.Replicas)
+	// The HPA owns the count: a replicas field would reset it on every apply.
+	if deploy.Replicas != nil {
+		t.Errorf("deployment sets replicas: %d, while hpa.yaml scales it", *deploy.Replicas)
 	}
 	pod := deploy.Template
 	if !subset(deploy.Selector.MatchLabels, pod.Metadata.Labels) {
@@ -907,14 +917,28 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Fatalf("the deployment's environment (secrets stood in for) does not load:\n%v", err)
 	}
 
-	// Ports and probes.
+	// Ports and probes: http is LISTEN_ADDR, metrics is METRICS_ADDR.
 	port, _ := strconv.Atoi(listenPort(t, cfg.ListenAddr))
+	if cfg.MetricsAddr == "" {
+		t.Fatal("the deployment does not set METRICS_ADDR: /metrics would be on the public port")
+	}
+	metricsPort, _ := strconv.Atoi(listenPort(t, cfg.MetricsAddr))
 	portByName := map[string]int{}
 	for _, p := range c.Ports {
 		portByName[p.Name] = p.ContainerPort
 	}
-	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != port {
-		t.Errorf("container ports %+v, want one: LISTEN_ADDR's %d", c.Ports, port)
+	if want := map[string]int{"http": port, "metrics": metricsPort}; !cmp.Equal(portByName, want) || len(c.Ports) != 2 {
+		t.Errorf("container ports %+v, want http %d (LISTEN_ADDR) and metrics %d (METRICS_ADDR)", c.Ports, port, metricsPort)
+	}
+	wantScrape := map[string]string{
+		"prometheus.io/scrape": "true",
+		"prometheus.io/port":   strconv.Itoa(metricsPort),
+		"prometheus.io/path":   "/metrics",
+	}
+	for k, v := range wantScrape {
+		if got := pod.Metadata.Annotations[k]; got != v {
+			t.Errorf("pod annotation %s = %q, want %q", k, got, v)
+		}
 	}
 	resolve := func(n yaml.Node) int {
 		if p, err := strconv.Atoi(n.Value); err == nil {
@@ -974,7 +998,11 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("service selector %v does not select the pods %v", svc.Selector, pod.Metadata.Labels)
 	}
 	for _, p := range svc.Ports {
-		if resolve(p.TargetPort) != port {
+		switch resolve(p.TargetPort) {
+		case port:
+		case metricsPort:
+			t.Errorf("service exposes the metrics port (targetPort %q) to the load balancer", p.TargetPort.Value)
+		default:
 			t.Errorf("service targetPort %q is not the container port %d", p.TargetPort.Value, port)
 		}
 	}
@@ -1003,8 +1031,9 @@ func TestKubernetesManifests(t *testing.T) {
 	if hpa.ScaleTargetRef.Kind != "Deployment" || hpa.ScaleTargetRef.Name != deployObj.Metadata.Name {
 		t.Errorf("HPA scales %+v", hpa.ScaleTargetRef)
 	}
-	if hpa.MinReplicas != deploy.Replicas || hpa.MaxReplicas < hpa.MinReplicas {
-		t.Errorf("HPA replicas %d..%d, want a floor equal to the deployment's %d", hpa.MinReplicas, hpa.MaxReplicas, deploy.Replicas)
+	// With the PDB's one pod down, at least two keep serving.
+	if hpa.MinReplicas < 3 || hpa.MaxReplicas < hpa.MinReplicas {
+		t.Errorf("HPA replicas %d..%d, want a floor of at least 3", hpa.MinReplicas, hpa.MaxReplicas)
 	}
 	if len(hpa.Metrics) != 1 || hpa.Metrics[0].Resource.Name != "cpu" {
 		t.Errorf("HPA metrics %+v, want CPU", hpa.Metrics)
@@ -1040,5 +1069,231 @@ func TestShellFields(t *testing.T) {
 	want := []string{"CGO_ENABLED=0", "go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=${VERSION}", "-o", "/out/x", "./cmd/a b"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Error(fmt.Sprint(diff))
+	}
+}
+
+// --- deploy/prometheus and deploy/grafana ---
+
+var (
+	promQLString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'`)
+	promQLBraces   = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]`)
+	promQLGrouping = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	promQLIdent    = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
+	promQLKeywords = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true, "group_left": true, "group_right": true, "inf": true, "nan": true}
+)
+
+// promQLMetrics returns the metric names an expression reads: identifiers
+// that are not functions, keywords, label names or durations.
+func promQLMetrics(expr string) []string {
+	e := promQLString.ReplaceAllString(expr, `""`)
+	e = promQLBraces.ReplaceAllString(e, " ")
+	e = promQLGrouping.ReplaceAllString(e, " ")
+	var names []string
+	for _, loc := range promQLIdent.FindAllStringIndex(e, -1) {
+		name := e[loc[0]:loc[1]]
+		if loc[0] > 0 && strings.ContainsAny(e[loc[0]-1:loc[0]], "0123456789.$") {
+			continue // the unit of a number, or a Grafana variable
+		}
+		if rest := strings.TrimLeft(e[loc[1]:], " \t\n"); strings.HasPrefix(rest, "(") || promQLKeywords[name] {
+			continue
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
+func TestPromQLMetrics(t *testing.T) {
+	t.Parallel()
+	got := promQLMetrics(`sum by (provider, le) (rate(a_seconds_bucket{le="30", x=~"a|b"}[5m])) / on(provider) group_left count(b_total offset 1h) > 0.05 and c unless d_total{reason="no_redis"} * 2e3`)
+	want := []string{"a_seconds_bucket", "b_total", "c", "d_total"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("promQLMetrics (-want +got):\n%s", diff)
+	}
+}
+
+// observabilityExprs returns every PromQL expression of the alerting rules
+// and the dashboard, keyed by where it is.
+func observabilityExprs(t *testing.T) map[string]string {
+	t.Helper()
+	exprs := map[string]string{}
+	for _, r := range alertRules(t) {
+		exprs["alert "+r.Alert] = r.Expr
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(readRepoFile(t, "deploy/grafana/munchable-webhooks.json")), &dash); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for i, tg := range p.Targets {
+			exprs[fmt.Sprintf("panel %q #%d", p.Title, i+1)] = tg.Expr
+		}
+	}
+	return exprs
+}
+
+type alertRule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+func alertRules(t *testing.T) []alertRule {
+	t.Helper()
+	var f struct {
+		Groups []struct {
+			Rules []alertRule `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal([]byte(readRepoFile(t, "deploy/prometheus/alerts.yaml")), &f); err != nil {
+		t.Fatalf("alerts.yaml: %v", err)
+	}
+	var rules []alertRule
+	for _, g := range f.Groups {
+		rules = append(rules, g.Rules...)
+	}
+	if len(rules) == 0 {
+		t.Fatal("alerts.yaml has no rules")
+	}
+	return rules
+}
+
+// exportedMetrics scrapes a running service and returns its metric families
+// by name, with their types, and the sample lines.
+func exportedMetrics(t *testing.T) (families map[string]string, samples []string) {
+	t.Helper()
+	s := startService(t, nil)
+	r, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	families = map[string]string{}
+	sc := bufio.NewScanner(r.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			families[f[2]] = f[3]
+		} else if !strings.HasPrefix(sc.Text(), "#") {
+			samples = append(samples, sc.Text())
+		}
+	}
+	if len(families) < 10 {
+		t.Fatalf("scraped only %v", families)
+	}
+	return families, samples
+}
+
+// promQLBucketBound finds a histogram bucket chosen by its bound.
+var promQLBucketBound = regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*_bucket)\{[^}]*\ble="([^"]+)"`)
+
+// Every metric the dashboard and the alerts read is one the service exports
+// (a histogram's _bucket, _sum and _count series included): a renamed or
+// never-written metric would leave a panel empty and an alert silent.
+func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
+	t.Parallel()
+	exprs := observabilityExprs(t)
+	families, samples := exportedMetrics(t)
+	exported := func(name string) bool {
+		if _, ok := families[name]; ok {
+			return true
+		}
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && (families[base] == "histogram" || families[base] == "summary") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, where := range slices.Sorted(maps.Keys(exprs)) {
+		names := promQLMetrics(exprs[where])
+		if len(names) == 0 {
+			t.Errorf("%s reads no metric: %s", where, exprs[where])
+		}
+		for _, name := range names {
+			if !exported(name) {
+				t.Errorf("%s reads %s, which the service does not export", where, name)
+			}
+		}
+		// A bucket picked by its bound must be one of the histogram's: with
+		// other buckets the selector matches nothing and the alert is mute.
+		for _, m := range promQLBucketBound.FindAllStringSubmatch(exprs[where], -1) {
+			bound := `le="` + m[2] + `"`
+			if !slices.ContainsFunc(samples, func(l string) bool { return strings.HasPrefix(l, m[1]+"{") && strings.Contains(l, bound) }) {
+				t.Errorf("%s reads %s{%s}, which is not a bucket the service exports", where, m[1], bound)
+			}
+		}
+	}
+}
+
+// githubAnchors returns the anchors GitHub gives a Markdown file's headings.
+func githubAnchors(markdown string) map[string]bool {
+	anchors := map[string]bool{}
+	drop := regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
+	for line := range strings.SplitSeq(markdown, "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		a := strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(h), ""), " ", "-")
+		anchors[a] = true
+	}
+	return anchors
+}
+
+// Each alert has a severity and a runbook section that exists.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	t.Parallel()
+	const runbook = "https://github.com/munchable/munchable-webhooks/blob/main/docs/OPERATIONS.md#"
+	anchors := githubAnchors(readRepoFile(t, "docs/OPERATIONS.md"))
+	for _, r := range alertRules(t) {
+		if sev := r.Labels["severity"]; sev != "critical" && sev != "warning" && sev != "info" {
+			t.Errorf("%s: severity %q, want critical, warning or info", r.Alert, sev)
+		}
+		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbook)
+		if !ok || !anchors[anchor] {
+			t.Errorf("%s: runbook_url %q is not a section of docs/OPERATIONS.md", r.Alert, r.Annotations["runbook_url"])
+		}
+		if r.Annotations["summary"] == "" {
+			t.Errorf("%s has no summary", r.Alert)
+		}
+	}
+}
+
+// make dev, test and lint install what they need first, and CI runs the
+// same script before anything else: what CI installs is what a newcomer gets.
+func TestEnsureDepsRunsFirst(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	for _, target := range []string{"dev", "test", "lint"} {
+		cmd := exec.Command("make", "-n", target)
+		cmd.Dir = repoRoot
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("make -n %s: %v", target, err)
+		}
+		if first, _, _ := strings.Cut(string(out), "\n"); first != "scripts/ensure-deps" {
+			t.Errorf("make %s runs %q first, want scripts/ensure-deps", target, first)
+		}
+	}
+	var steps []string
+	for line := range strings.SplitSeq(readRepoFile(t, ".ci/run"), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "make" || f[0] == "scripts/ensure-deps") {
+			steps = append(steps, f[0])
+		}
+	}
+	if len(steps) < 2 || steps[0] != "scripts/ensure-deps" {
+		t.Errorf(".ci/run steps %v, want scripts/ensure-deps before make", steps)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,6 +201,65 @@ func TestServeWithoutRedis(t *testing.T) {
 	}
 	if !strings.Contains(s.logs.String(), "REDIS_URL is empty") {
 		t.Error("no startup warning about the missing REDIS_URL")
+	}
+}
+
+// get answers GET url with its status and body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	r, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	body, _ := io.ReadAll(r.Body)
+	return r.StatusCode, string(body)
+}
+
+// With METRICS_ADDR set, /metrics is served only on that listener: the
+// public one, which the load balancer exposes, answers 404 for it. The
+// build is labelled, and the delivery log line carries its duration in ms.
+func TestMetricsOnTheirOwnListener(t *testing.T) {
+	t.Parallel()
+	port, err := dbtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsURL := "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics"
+	s := startService(t, map[string]string{"METRICS_ADDR": "127.0.0.1:" + strconv.Itoa(port)})
+	if resp := s.postStripe(t, fixture(t)); resp.StatusCode != 200 {
+		t.Fatalf("delivery: %d", resp.StatusCode)
+	}
+
+	if status, _ := get(t, s.url+"/metrics"); status != http.StatusNotFound {
+		t.Errorf("public GET /metrics = %d, want 404", status)
+	}
+	status, metrics := get(t, metricsURL)
+	if status != http.StatusOK {
+		t.Fatalf("GET /metrics on METRICS_ADDR = %d, want 200", status)
+	}
+	for _, want := range []string{
+		`webhook_deliveries_total{outcome="processed",provider="stripe"} 1`,
+		`webhook_build_info{goversion="` + runtime.Version() + `",version="` + version + `"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics on METRICS_ADDR lacks %q", want)
+		}
+	}
+	// Only /metrics there: the webhooks stay on the public listener.
+	if status, _ := get(t, strings.TrimSuffix(metricsURL, "/metrics")+"/readyz"); status != http.StatusNotFound {
+		t.Errorf("GET /readyz on METRICS_ADDR = %d, want 404", status)
+	}
+
+	var delivery map[string]any
+	for line := range strings.Lines(s.logs.String()) {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "webhook delivery" {
+			delivery = m
+		}
+	}
+	if ms, ok := delivery["duration_ms"].(float64); !ok || ms <= 0 {
+		t.Errorf("delivery log line duration_ms = %v (%T), want a positive number of milliseconds: %v", delivery["duration_ms"], delivery["duration_ms"], delivery)
 	}
 }
 

@@ -1,7 +1,9 @@
 package claim
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,13 +11,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 )
 
 var stripe = Provider{Name: "stripe", DedupeTTL: time.Hour}
@@ -331,5 +336,195 @@ func TestIsJSON(t *testing.T) {
 		if got := isJSON(ct); got != want {
 			t.Errorf("isJSON(%q) = %v, want %v", ct, got, want)
 		}
+	}
+}
+
+// histogram returns the sample count and sum of the histogram name{provider}
+// in reg.
+func histogram(t *testing.T, reg *prometheus.Registry, name, provider string) (uint64, float64) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "provider" && l.GetValue() == provider {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	t.Fatalf("%s{provider=%q} not registered", name, provider)
+	return 0, 0
+}
+
+// A retry that meets a claim in progress records the claim's age; a
+// duplicate of a done event does not.
+func TestRunInProgressObservesClaimAge(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, _ := newTestStore(t, time.Minute)
+	reg := prometheus.NewRegistry()
+	f := NewFlow(s, FlowConfig{HandlerTimeout: time.Second, Registerer: reg})
+	f.Endpoint(stripe)
+
+	d := newDelivery("evt_age", (&counter{}).apply(nil))
+	if _, _, err := s.claim(ctx, "stripe", d.ev.ID, fingerprint(d.body)); err != nil {
+		t.Fatal(err)
+	}
+	const held = 300 * time.Millisecond
+	time.Sleep(held)
+	if v := f.runTest(ctx, stripe, d); v.outcome != InProgress {
+		t.Fatalf("retry while the claim is held = %+v, want in progress", v)
+	}
+	n, sum := histogram(t, reg, "webhook_claim_age_seconds", "stripe")
+	if n != 1 || sum < held.Seconds() || sum > 30 {
+		t.Errorf("claim age: %d observations, sum %.3fs; want 1 of at least %s", n, sum, held)
+	}
+
+	done := newDelivery("evt_age_done", (&counter{}).apply(nil))
+	for range 2 {
+		f.runTest(ctx, stripe, done)
+	}
+	if n, _ := histogram(t, reg, "webhook_claim_age_seconds", "stripe"); n != 1 {
+		t.Errorf("claim age observed %d times after a done duplicate, want still 1", n)
+	}
+}
+
+// An event that fails POISON_AFTER times is logged once at error, naming
+// provider, event id, type and the last error, and counted once, however
+// often it fails after that.
+func TestRunPoisonEventNamedAndCountedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, _ := newTestStore(t, time.Minute)
+	var logs bytes.Buffer // the flow logs on the test's goroutine
+	f := NewFlow(s, FlowConfig{
+		HandlerTimeout: time.Second,
+		PoisonAfter:    3,
+		Logger:         slog.New(slog.NewJSONHandler(&logs, nil)),
+		Registerer:     prometheus.NewRegistry(),
+	})
+	poisonLines := func() []map[string]any {
+		var out []map[string]any
+		for line := range strings.Lines(logs.String()) {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if strings.HasPrefix(m["msg"].(string), "poison event") {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	poison := f.metrics.poison.WithLabelValues("stripe")
+
+	for attempt := 1; attempt <= 5; attempt++ {
+		d := newDelivery("evt_poison", func(context.Context) error { return fmt.Errorf("attempt %d: row too big", attempt) })
+		if v := f.runTest(ctx, stripe, d); v.outcome != Failed {
+			t.Fatalf("attempt %d = %+v, want failed", attempt, v)
+		}
+		wantCount, wantLines := 0.0, 0
+		if attempt >= 3 {
+			wantCount, wantLines = 1, 1
+		}
+		if got := testutil.ToFloat64(poison); got != wantCount {
+			t.Errorf("after attempt %d: webhook_poison_events_total = %v, want %v", attempt, got, wantCount)
+		}
+		if got := len(poisonLines()); got != wantLines {
+			t.Errorf("after attempt %d: %d poison log lines, want %d", attempt, got, wantLines)
+		}
+	}
+	lines := poisonLines()
+	if len(lines) != 1 {
+		t.Fatalf("%d poison log lines, want 1", len(lines))
+	}
+	want := map[string]any{"level": "ERROR", "provider": "stripe", "event_id": "evt_poison", "event_type": "test.event", "attempts": 3.0, "err": "attempt 3: row too big"}
+	for k, v := range want {
+		if lines[0][k] != v {
+			t.Errorf("poison log line %s = %v, want %v", k, lines[0][k], v)
+		}
+	}
+	// Another event's failures are its own.
+	other := newDelivery("evt_other", (&counter{}).apply(errors.New("once")))
+	f.runTest(ctx, stripe, other)
+	if got := testutil.ToFloat64(poison); got != 1 {
+		t.Errorf("one failure of another event moved the poison count to %v", got)
+	}
+}
+
+// commandLog records the commands a Redis client sends.
+type commandLog struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (c *commandLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.add(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *commandLog) add(cmd redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cmds = append(c.cmds, cmd.Name())
+}
+
+func (c *commandLog) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.cmds
+	c.cmds = nil
+	return out
+}
+
+// The failure counter lives on the failure path only: a successful
+// delivery costs the claim and the confirm, nothing more, and leaves no
+// counter behind.
+func TestRunSuccessMakesNoExtraRedisCall(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, rdb := newTestStore(t, time.Minute)
+	var log commandLog
+	rdb.AddHook(&log)
+	f := NewFlow(s, FlowConfig{HandlerTimeout: time.Second, PoisonAfter: 5})
+
+	// The first claim may load the script (EVALSHA, NOSCRIPT, EVAL).
+	f.runTest(ctx, stripe, newDelivery("evt_warm", (&counter{}).apply(nil)))
+	log.take()
+
+	if v := f.runTest(ctx, stripe, newDelivery("evt_ok", (&counter{}).apply(nil))); v.outcome != Processed {
+		t.Fatalf("delivery = %+v, want processed", v)
+	}
+	if diff := cmp.Diff([]string{"evalsha", "set"}, log.take()); diff != "" {
+		t.Errorf("Redis commands of a successful delivery (-want +got):\n%s", diff)
+	}
+	if n := rdb.Exists(ctx, failuresKey(s.Key("stripe", "evt_ok"))).Val(); n != 0 {
+		t.Error("a successful delivery left a failure counter")
+	}
+
+	// The failure path is where the counter is written.
+	f.runTest(ctx, stripe, newDelivery("evt_fail", (&counter{}).apply(errors.New("down"))))
+	if n := rdb.Exists(ctx, failuresKey(s.Key("stripe", "evt_fail"))).Val(); n != 1 {
+		t.Error("a failed delivery left no failure counter")
 	}
 }

@@ -4,6 +4,7 @@ package dbtest
 
 import "syscall"
 
-// setParentDeathSignal does nothing: only Linux can tie a child's life to
-// its parent's.
-func setParentDeathSignal(attr *syscall.SysProcAttr) {}
+// tieToParent does nothing: only Linux can tie a child's life to its
+// parent's, and without that the server stays in its parent's process group,
+// where a Ctrl-C at least stops it too.
+func tieToParent(attr *syscall.SysProcAttr) {}

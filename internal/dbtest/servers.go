@@ -592,6 +592,6 @@ func logTail(path string) string {
 // cleanups, as it does when go test's -timeout fires.
 func sysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{Credential: cred}
-	setParentDeathSignal(attr)
+	tieToParent(attr)
 	return attr
 }

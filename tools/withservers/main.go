@@ -5,15 +5,20 @@
 //
 //	go run ./tools/withservers -- go test ./...
 //
-// Flags name other variables and keep the servers' files elsewhere; `make
-// dev` runs the service this way:
+// Flags name other variables, keep the servers' files elsewhere and write
+// the URLs to a file another shell can source; `make dev` runs the service
+// this way:
 //
-//	withservers -dir .dev -database-env DATABASE_URL -redis-env REDIS_URL -- bin/munchable-webhooks serve
+//	withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -- bin/munchable-webhooks serve
 //
 // The command runs in a process group of its own, and SIGINT or SIGTERM to
 // withservers is passed on to that whole group once: a Ctrl-C in a terminal
 // (which signals the terminal's group) then reaches the command exactly once,
 // as it does a `kill`. The command should therefore not read the terminal.
+// The servers run in groups of their own too (internal/dbtest), so the
+// Ctrl-C does not reach them: they are stopped only after the command has
+// ended, and a service that drains on SIGINT still has its database while it
+// does.
 package main
 
 import (
@@ -53,6 +58,7 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	dir := fs.String("dir", "", "directory to keep the servers' data and logs in while they run (default: the system's temporary directory)")
 	dbEnv := fs.String("database-env", dbtest.DatabaseURLEnv, "variable that names the Postgres URL: reused when set, else set to a throwaway server's")
 	redisEnv := fs.String("redis-env", dbtest.RedisURLEnv, "variable that names the Redis URL: reused when set, else set to a throwaway server's")
+	envFile := fs.String("env-file", "", "file to write both variables to, for `set -a; . FILE` in another shell; removed when the servers stop")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
@@ -84,30 +90,40 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 		}
 	}()
 
-	var env, report []string
-	if v := lookup(environ, *dbEnv); v != "" {
-		report = append(report, "reused "+*dbEnv)
-	} else {
+	databaseURL, redisURL := lookup(environ, *dbEnv), lookup(environ, *redisEnv)
+	var env []string
+	if databaseURL == "" {
 		pg, stop, err := startPostgres(*dir)
 		if err != nil {
 			return 1, err
 		}
 		stops = append(stops, stop)
-		env = append(env, *dbEnv+"="+pg.URL())
-		report = append(report, "started postgres: "+*dbEnv+"="+pg.URL())
-	}
-	if v := lookup(environ, *redisEnv); v != "" {
-		report = append(report, "reused "+*redisEnv)
+		databaseURL = pg.URL()
+		env = append(env, *dbEnv+"="+databaseURL)
+		fmt.Fprintf(stderr, "withservers: started postgres:     %s=%s\n", *dbEnv, databaseURL)
 	} else {
+		fmt.Fprintf(stderr, "withservers: reused %s\n", *dbEnv)
+	}
+	if redisURL == "" {
 		rs, stop, err := startRedis(*dir)
 		if err != nil {
 			return 1, err
 		}
 		stops = append(stops, stop)
-		env = append(env, *redisEnv+"="+rs.URL())
-		report = append(report, "started redis-server: "+*redisEnv+"="+rs.URL())
+		redisURL = rs.URL()
+		env = append(env, *redisEnv+"="+redisURL)
+		fmt.Fprintf(stderr, "withservers: started redis-server: %s=%s\n", *redisEnv, redisURL)
+	} else {
+		fmt.Fprintf(stderr, "withservers: reused %s\n", *redisEnv)
 	}
-	fmt.Fprintln(stderr, "withservers:", strings.Join(report, ", "))
+	if *envFile != "" {
+		stop, err := writeEnvFile(*envFile, [][2]string{{*dbEnv, databaseURL}, {*redisEnv, redisURL}})
+		if err != nil {
+			return 1, err
+		}
+		stops = append(stops, stop)
+		fmt.Fprintf(stderr, "withservers: wrote %s: in another shell, set -a; . %s; set +a\n", *envFile, *envFile)
+	}
 
 	select {
 	case sig := <-sigs:
@@ -176,6 +192,21 @@ func startRedis(parent string) (*dbtest.RedisServer, func() error, error) {
 	}
 	stop := func() error { return errors.Join(s.Stop(), os.RemoveAll(dir)) }
 	return s, stop, nil
+}
+
+// writeEnvFile writes vars as shell assignments, single-quoted (a URL may
+// hold & or ;), readable only by us (a URL may hold a password). The
+// returned func removes the file: once the servers stop, its URLs are wrong.
+func writeEnvFile(name string, vars [][2]string) (remove func() error, err error) {
+	var b strings.Builder
+	b.WriteString("# Written by withservers while its servers run; removed when they stop.\n")
+	for _, kv := range vars {
+		fmt.Fprintf(&b, "%s='%s'\n", kv[0], strings.ReplaceAll(kv[1], "'", `'\''`))
+	}
+	if err := os.WriteFile(name, []byte(b.String()), 0o600); err != nil {
+		return nil, fmt.Errorf("env file: %w", err)
+	}
+	return func() error { return os.Remove(name) }, nil
 }
 
 // lookup returns the value of key in environ, or "".

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// The test binary plays two more parts, chosen by its first argument:
+// withservers itself, and the command withservers runs.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "as-withservers":
+			os.Args = append(os.Args[:1], os.Args[2:]...)
+			main()
+		case "as-draining-command":
+			os.Exit(drainingCommand())
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// drainingCommand stands in for the service under `make dev`: it waits for
+// SIGINT, then, as a draining service would, still uses Postgres and Redis
+// a moment later. It exits 0 only if both still answered.
+func drainingCommand() int {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt)
+	fmt.Println("ready")
+	<-sigs
+	// Long enough for a server that got the same Ctrl-C to have shut down.
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Close(ctx)
+	}
+	if err != nil {
+		fmt.Println("postgres gone while draining:", err)
+		return 1
+	}
+	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		fmt.Println("redis gone while draining:", err)
+		return 1
+	}
+	fmt.Println("drained with both servers up")
+	return 0
+}
+
+// requireServerBinaries skips the test without redis-server or Postgres's
+// initdb (the Debian layout, or on PATH), and fails it under CI=true.
+func requireServerBinaries(t *testing.T) {
+	t.Helper()
+	_, redisErr := exec.LookPath("redis-server")
+	initdb, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if _, err := exec.LookPath("initdb"); err == nil {
+		initdb = append(initdb, "initdb")
+	}
+	if redisErr == nil && len(initdb) > 0 {
+		return
+	}
+	msg := "redis-server or the Postgres server binaries are not installed: scripts/ensure-deps installs them"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// A Ctrl-C in a terminal signals the terminal's whole foreground process
+// group. It must reach the command (once, through withservers) and not the
+// servers, which stop only after the command has ended: a service draining
+// on SIGINT still needs its database. Meanwhile the env file names both
+// servers, and it is gone once they are.
+func TestCtrlCReachesCommandBeforeServers(t *testing.T) {
+	requireServerBinaries(t)
+	t.Parallel()
+	// The servers' files go to the system's temporary directory: as root,
+	// postgres runs as user postgres, who cannot enter t.TempDir().
+	envFile := filepath.Join(t.TempDir(), "env")
+	cmd := exec.Command(os.Args[0], "as-withservers", "-env-file", envFile, "-database-env", "DATABASE_URL", "-redis-env", "REDIS_URL",
+		"--", os.Args[0], "as-draining-command")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	// A group of its own, as a terminal's foreground job.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+
+	lines := bufio.NewScanner(stdout)
+	ready := make(chan bool, 1)
+	go func() { ready <- lines.Scan() && lines.Text() == "ready" }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatalf("the command never said ready; withservers:\n%s", &stderr)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("servers not started after 60s:\n%s", &stderr)
+	}
+
+	env, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatalf("env file while the servers run: %v", err)
+	}
+	for _, want := range []string{"DATABASE_URL='postgres://", "REDIS_URL='redis://"} {
+		if !strings.Contains(string(env), want) {
+			t.Errorf("env file lacks %s...:\n%s", want, env)
+		}
+	}
+	if info, err := os.Stat(envFile); err == nil && info.Mode().Perm() != 0o600 {
+		t.Errorf("env file mode %v, want 0600 (a URL may hold a password)", info.Mode().Perm())
+	}
+
+	// The terminal's Ctrl-C: SIGINT to every process of the group.
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(stdout)
+	err = cmd.Wait()
+	if err != nil || !strings.Contains(string(rest), "drained with both servers up") {
+		t.Errorf("withservers: %v; the command said %q; withservers:\n%s", err, rest, &stderr)
+	}
+	if _, err := os.Stat(envFile); !os.IsNotExist(err) {
+		t.Errorf("env file still there after the servers stopped (%v)", err)
+	}
+}
