@@ -1277,7 +1277,9 @@ func TestEnsureDepsRunsFirst(t *testing.T) {
 		t.Skip("make not installed")
 	}
 	for _, target := range []string{"dev", "test", "lint"} {
-		cmd := exec.Command("make", "-n", target)
+		// --no-print-directory: under `make test` this runs as a sub-make,
+		// which would otherwise print "Entering directory" first.
+		cmd := exec.Command("make", "--no-print-directory", "-n", target)
 		cmd.Dir = repoRoot
 		out, err := cmd.Output()
 		if err != nil {
