@@ -115,6 +115,9 @@ func (c *stripeConfig) validate() []error {
 	if c.stripeAPIURL, ok = parseHTTPURL(c.StripeAPIURL); !ok {
 		add("STRIPE_API_URL is invalid: want an http(s) URL")
 	}
+	if c.StripeClaimFailureMode != "open" && c.StripeClaimFailureMode != "closed" {
+		add("STRIPE_CLAIM_FAILURE_MODE is %q: want open or closed", c.StripeClaimFailureMode)
+	}
 	if c.HandlerTimeout <= 0 || c.ClaimProcessingTTL < 2*c.HandlerTimeout {
 		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s), which must be positive", c.ClaimProcessingTTL, c.HandlerTimeout)
 	}
@@ -350,8 +353,10 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 	if err := it.Err(); err != nil {
 		return n, fmt.Errorf("list events after %s: %w", oldest.ID, err)
 	}
-	if n.failed > 0 {
-		return n, fmt.Errorf("%d events failed (logged above); replay again to retry them: done ones are duplicates", n.failed)
+	// An event another attempt holds is not done: after an outage its
+	// holder may be a dead process, and Stripe may have stopped retrying.
+	if n.failed > 0 || n.inProgress > 0 {
+		return n, fmt.Errorf("%d events failed (logged above) and %d were held by another attempt; replay again once their claims end (claims stuck): done ones are duplicates", n.failed, n.inProgress)
 	}
 	return n, nil
 }

@@ -294,6 +294,20 @@ func TestStripeReplay(t *testing.T) {
 	if want := "31 events: 0 processed, 31 duplicate"; !strings.Contains(stdout, want) {
 		t.Errorf("second summary = %q, want %q", stdout, want)
 	}
+
+	// An event whose claim another attempt holds (after an outage, perhaps
+	// a dead process's) is not done: the run says so and fails.
+	held := stripetest.Subscription{ID: "sub_held", Customer: "cus_held", Status: "active", PriceID: "price_pro", Created: base + 2000, PeriodEnd: base + 30*86400}
+	r.api.AddEvent(r.fx.Event("evt_held", "customer.subscription.created", held.Created, r.fx.Subscription(held), nil), false)
+	rdb, _ := dbtest.Redis(t)
+	rdb.Set(t.Context(), r.svc.prefix+":stripe:evt_held", processingValue("crashed", time.Now(), ""), time.Minute)
+	stdout, _, err = r.stripe(t, "replay", "--since", "24h", "--undelivered")
+	if err == nil || !strings.Contains(err.Error(), "held by another attempt") {
+		t.Errorf("replay with a held claim: err = %v, want one naming the held event", err)
+	}
+	if want := "1 in progress"; !strings.Contains(stdout, want) {
+		t.Errorf("summary with a held claim = %q, want %q", stdout, want)
+	}
 }
 
 func updatedAt(t *testing.T, pool *pgxpool.Pool) map[string]time.Time {

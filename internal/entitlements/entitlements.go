@@ -56,6 +56,14 @@ func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 	return &Store{pool: pool, stale: stale, unordered: unordered}
 }
 
+// revalidatedID marks a state read from Stripe to settle an unordered
+// event. It must not be the event's own id: the guard lets an event rewrite
+// the row it wrote (a replay of the same state), and a redelivery of the
+// unordered event would then put its own state back over Stripe's, a
+// canceled subscription included. Under this id a redelivery meets the
+// same-second rule like any other event.
+func revalidatedID(eventID string) string { return "api:" + eventID }
+
 // ApplySQL is the statement Apply runs on its fast path, for tools/bench to
 // run under pgbench as the database's ceiling: the compiler sees the
 // dependency.
@@ -296,7 +304,7 @@ func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch 
 				if err != nil {
 					return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
 				}
-				_, err = write(ctx, tx, fetched, ev.ID, ev.Created, st.eventID)
+				_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, st.eventID)
 				return err
 			}
 		}

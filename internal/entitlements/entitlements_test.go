@@ -333,7 +333,7 @@ func TestSameSecondSuccession(t *testing.T) {
 }
 
 // An unordered event with an API lands the state read from Stripe, under
-// the event's id.
+// a mark of the event's id.
 func TestRevalidationStoresFetchedState(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
@@ -355,7 +355,7 @@ func TestRevalidationStoresFetchedState(t *testing.T) {
 		t.Fatalf("apply = %+v, %v; want revalidated over evt_a", res, err)
 	}
 	got := readStored(t, pool, "sub_reval")
-	if d := cmp.Diff(fetched, got.sub); d != "" || got.eventID != "evt_b" {
+	if d := cmp.Diff(fetched, got.sub); d != "" || got.eventID != "api:evt_b" {
 		t.Errorf("stored %s (-want +got):\n%s", got.eventID, d)
 	}
 
@@ -367,8 +367,8 @@ func TestRevalidationStoresFetchedState(t *testing.T) {
 	if err == nil {
 		t.Fatal("an API failure was not an error")
 	}
-	if got := readStored(t, pool, "sub_reval"); got.eventID != "evt_b" {
-		t.Errorf("after a failed revalidation the row is from %s, want evt_b", got.eventID)
+	if got := readStored(t, pool, "sub_reval"); got.eventID != "api:evt_b" {
+		t.Errorf("after a failed revalidation the row is from %s, want api:evt_b", got.eventID)
 	}
 }
 
@@ -458,6 +458,36 @@ func TestApplySnapshot(t *testing.T) {
 	// A new subscription the webhooks never saw is inserted.
 	if res, err := s.ApplySnapshot(ctx, base("sub_snap_new"), taken); err != nil || !res.Applied {
 		t.Fatalf("snapshot of a new subscription = %+v, %v", res, err)
+	}
+}
+
+// A redelivery of an event that was settled by asking Stripe (Redis down,
+// a done key lost, a replay further back than the dedupe TTL) must not put
+// the event's own state back over Stripe's: here Stripe said canceled.
+func TestRedeliveryAfterRevalidation(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	s := NewStore(pool, prometheus.NewRegistry())
+	ctx := t.Context()
+	a := base("sub_redeliver")
+	if _, err := s.Apply(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	canceled := change(a, func(s *Subscription) { s.Status = "canceled" })
+	b := change(a, func(s *Subscription) { s.CancelAtPeriodEnd = true })
+	fetch := func(context.Context, string) (Subscription, error) { return canceled, nil }
+	if res, err := s.Apply(ctx, b, Event{ID: "evt_b", Created: t0}, fetch); err != nil || !res.Revalidated {
+		t.Fatalf("first delivery = %+v, %v; want revalidated", res, err)
+	}
+	for _, fetch := range []Fetch{nil, fetch} {
+		res, err := s.Apply(ctx, b, Event{ID: "evt_b", Created: t0}, fetch)
+		if err != nil || res.Applied || res.Revalidated {
+			t.Errorf("redelivery (fetch %v) = %+v, %v; want neither applied nor revalidated", fetch != nil, res, err)
+		}
+		got := readStored(t, pool, "sub_redeliver")
+		if d := cmp.Diff(canceled, got.sub); d != "" {
+			t.Errorf("after a redelivery (fetch %v) stored %s (-want +got):\n%s", fetch != nil, got.eventID, d)
+		}
 	}
 }
 

@@ -119,7 +119,7 @@ func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, li
 				if err != nil {
 					return fmt.Errorf("revalidate features of %s for %s: %w", f.customerID, ev.ID, err)
 				}
-				_, err = writeFeatures(ctx, tx, features{f.customerID, keys, true}, ev.ID, ev.Created, storedID)
+				_, err = writeFeatures(ctx, tx, features{f.customerID, keys, true}, revalidatedID(ev.ID), ev.Created, storedID)
 				return err
 			}
 		}

@@ -75,7 +75,7 @@ func TestFeatures(t *testing.T) {
 	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_4", Created: t0}, list); !r.Revalidated {
 		t.Errorf("with the API = %+v, want revalidated", r)
 	}
-	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api", "sso"}, true, "evt_4"}); !cmp.Equal(got, want) {
+	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api", "sso"}, true, "api:evt_4"}); !cmp.Equal(got, want) {
 		t.Errorf("after revalidation %+v, want %+v", got, want)
 	}
 	// Truncated and not fetched: stored incomplete.

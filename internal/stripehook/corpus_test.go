@@ -542,7 +542,7 @@ func TestUnorderedRevalidated(t *testing.T) {
 	fake.status.Store(0)
 	assertAnswer(t, h.post(t, unordered, time.Now()), 200, "first")
 	got, _ := h.subscription(t, "sub_1QmunchableCancelAt01")
-	if got.Status != "past_due" || !got.CancelAtPeriodEnd || got.LastEventID != "evt_1QmunchableUnordered01" {
+	if got.Status != "past_due" || !got.CancelAtPeriodEnd || got.LastEventID != "api:evt_1QmunchableUnordered01" {
 		t.Errorf("stored %+v, want the fetched state under the unordered event", got)
 	}
 	if n := h.metric(t, "entitlements_unordered_events_total"); n != 0 {
