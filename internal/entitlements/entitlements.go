@@ -145,10 +145,22 @@ WITH up AS (
 SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created, s.status
 FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1`
 
-// querier is a pool or a transaction: the fast path runs applySQL on the
-// pool, the same-second path inside its transaction.
+// lockSQL serialises every write of one subscription, on the fast path
+// and the same-second path alike, and is taken before anything else in its
+// transaction. Each later statement of that transaction takes its snapshot
+// once the lock is held, so it sees the item set the previous holder
+// committed and replaces it whole. Without it, two concurrent newer events
+// each deleted only the items their own snapshot showed, and a mix of both
+// sets could remain (TestApplyConcurrentNewestWins caught it). The lock is
+// re-entrant within a session, so write may take it again inside the
+// same-second path's transaction.
+const lockSQL = `SELECT pg_advisory_xact_lock(hashtext('entitlements'), hashtext($1))`
+
+// querier is a pool or a transaction: the fast path writes on the pool,
+// the same-second path inside its transaction.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // written is what applySQL reports: whether it wrote, and the row it found.
@@ -177,15 +189,26 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 		quantities[i] = it.Quantity
 		starts[i], ends[i] = nullTime(it.CurrentPeriodStart), nullTime(it.CurrentPeriodEnd)
 	}
-	var w written
-	err = q.QueryRow(ctx, applySQL,
+	// The lock and the write go in one batch: one round trip, and one
+	// implicit transaction when q is the pool.
+	b := &pgx.Batch{}
+	b.Queue(lockSQL, sub.ID)
+	b.Queue(applySQL,
 		sub.ID, sub.CustomerID, sub.Status, nullString(sub.PriceID),
 		nullTime(sub.CurrentPeriodEnd), sub.CancelAtPeriodEnd, eventID, created,
 		nullString(successorOf), nullTime(sub.CancelAt), nullTime(sub.CanceledAt),
 		nullTime(sub.EndedAt), nullTime(sub.TrialStart), nullTime(sub.TrialEnd),
 		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
-		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
-	).Scan(&w.applied, &w.storedID, &w.storedCreated, &w.storedStatus)
+		metadata, ids, prices, products, lookupKeys, quantities, starts, ends)
+	br := q.SendBatch(ctx, b)
+	var w written
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&w.applied, &w.storedID, &w.storedCreated, &w.storedStatus)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return written{}, fmt.Errorf("write subscription %s from %s: %w", sub.ID, eventID, err)
 	}
@@ -289,6 +312,9 @@ func read(ctx context.Context, tx pgx.Tx, id string) (stored, bool, error) {
 // one, or one that raced another delivery of the same subscription.
 func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
 	return s.settle(ctx, ev.ID, func(ctx context.Context, tx pgx.Tx) (tie, error) {
+		if _, err := tx.Exec(ctx, lockSQL, sub.ID); err != nil {
+			return tie{}, fmt.Errorf("lock subscription %s: %w", sub.ID, err)
+		}
 		st, found, err := read(ctx, tx, sub.ID)
 		if err != nil {
 			return tie{}, err
