@@ -122,7 +122,7 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 	f := &Form{
 		queue:       q,
 		origins:     newOrigins(cfg.Origins),
-		pages:       newPages(cfg.RedirectURL, logger),
+		pages:       newPages(cfg.RedirectURL),
 		redirectURL: cfg.RedirectURL,
 		dbSlots:     make(chan struct{}, max(1, cfg.DatabaseMaxConns/formPoolDivisor)),
 		trusted:     cfg.TrustedProxies,

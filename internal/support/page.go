@@ -1,12 +1,12 @@
 package support
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
-	"html/template"
-	"log/slog"
+	"fmt"
+	"html"
+	"io"
 	"mime"
 	"net/http"
 	"net/url"
@@ -20,31 +20,39 @@ var webFiles embed.FS
 // pages renders the form's HTML: the page itself (GET /support), the same
 // page again with the problems of a refused post, and the short pages of a
 // plain form post's other answers.
+//
+// Not html/template: its reflection (text/template calls MethodByName)
+// makes the linker keep every exported method of every type in the binary,
+// which grew it by 10 MB (go-redis's client alone by 3.6 MB) and the
+// service's resident memory with it. The pages are two fixed files whose
+// {{name}} places are filled in one pass, every value HTML-escaped but the
+// embedded script and style.
 type pages struct {
-	tmpl   *template.Template
-	script template.JS
-	style  template.CSS
+	formHTML, messageHTML string
+	script, style         string
 	// csp allows exactly the inline script and style below (by hash), posts
 	// and fetches to this service, and a redirect to redirectURL.
-	csp    string
-	logger *slog.Logger
+	csp string
 }
 
-func newPages(redirectURL string, logger *slog.Logger) *pages {
-	script, _ := webFiles.ReadFile("web/form.js") // embedded: cannot fail
-	style, _ := webFiles.ReadFile("web/page.css")
+func newPages(redirectURL string) *pages {
+	read := func(name string) string {
+		b, _ := webFiles.ReadFile("web/" + name) // embedded: cannot fail
+		return string(b)
+	}
+	script, style := read("form.js"), read("page.css")
 	formAction := "'self'"
 	if u, err := url.Parse(redirectURL); err == nil && u.Scheme != "" && u.Host != "" {
 		// Browsers apply form-action to the redirect after the post too.
 		formAction += " " + u.Scheme + "://" + u.Host
 	}
 	return &pages{
-		tmpl:   template.Must(template.ParseFS(webFiles, "web/page.html")),
-		script: template.JS(script),
-		style:  template.CSS(style),
-		csp: "default-src 'none'; script-src " + hashSource(script) + "; style-src " + hashSource(style) +
+		formHTML:    read("form.html"),
+		messageHTML: read("message.html"),
+		script:      script,
+		style:       style,
+		csp: "default-src 'none'; script-src " + hashSource([]byte(script)) + "; style-src " + hashSource([]byte(style)) +
 			"; connect-src 'self'; form-action " + formAction + "; base-uri 'none'; frame-ancestors 'none'",
-		logger: logger,
 	}
 }
 
@@ -63,63 +71,64 @@ func fieldLabel(field string) string {
 	return field
 }
 
-// formPage is what the form template shows.
-type formPage struct {
-	Action string
-	Values form
-	Max    struct{ Email, Name, Subject, Message int }
-	Errors []fieldProblem
-	Script template.JS
-	Style  template.CSS
-	errs   fieldErrors
-}
-
-type fieldProblem struct{ Field, Label, Problem string }
-
-// Problem says what is wrong with field ("Message is required"), "" when
-// nothing is.
-func (p formPage) Problem(field string) string {
-	if problem, ok := p.errs[field]; ok {
-		return fieldLabel(field) + " " + problem
-	}
-	return ""
-}
-
 // form writes the support form with status, showing values and, for each
 // field in errs, its problem.
 func (p *pages) form(w http.ResponseWriter, status int, values form, errs fieldErrors) {
-	data := formPage{Action: "/support/messages", Values: values, Script: p.script, Style: p.style, errs: errs}
-	data.Max.Email, data.Max.Name, data.Max.Subject, data.Max.Message = maxEmail, maxName, maxSubject, maxMessage
+	esc := html.EscapeString
+	fill := []string{"{{style}}", p.style, "{{script}}", p.script, "{{action}}", "/support/messages"}
+	fields := []struct {
+		name, value string
+		max         int
+	}{
+		{"email", values.Email, maxEmail},
+		{"name", values.Name, maxName},
+		{"subject", values.Subject, maxSubject},
+		{"message", values.Message, maxMessage},
+	}
+	for _, f := range fields {
+		problem, invalid := "", ""
+		if text, ok := errs[f.name]; ok {
+			problem = fieldLabel(f.name) + " " + text
+			invalid = ` aria-invalid="true" aria-describedby="` + f.name + `-error"`
+		}
+		fill = append(fill,
+			"{{max-"+f.name+"}}", strconv.Itoa(f.max),
+			"{{value-"+f.name+"}}", esc(f.value),
+			"{{invalid-"+f.name+"}}", invalid,
+			"{{problem-"+f.name+"}}", esc(problem))
+	}
+	var problems strings.Builder
 	for _, field := range []string{"email", "name", "subject", "message", headerIdemKey} {
-		if problem, ok := errs[field]; ok {
-			data.Errors = append(data.Errors, fieldProblem{Field: field, Label: fieldLabel(field), Problem: problem})
+		if text, ok := errs[field]; ok {
+			fmt.Fprintf(&problems, `<li><a href="#%s">%s %s</a></li>`, esc(field), esc(fieldLabel(field)), esc(text))
 		}
 	}
-	p.render(w, status, "form", data)
+	prefix, list := "", ""
+	if problems.Len() > 0 {
+		prefix = "Please check your message - "
+		list = `<div id="support-problems" class="problems" role="alert" tabindex="-1">
+<h2>Your message was not sent</h2>
+<ul>` + problems.String() + "</ul>\n</div>"
+	}
+	fill = append(fill, "{{title-prefix}}", prefix, "{{problems}}", list)
+	p.write(w, status, strings.NewReplacer(fill...).Replace(p.formHTML))
 }
 
 // message writes a short page: a title and one sentence.
 func (p *pages) message(w http.ResponseWriter, status int, title, text string) {
-	p.render(w, status, "message", struct {
-		Title, Text string
-		Style       template.CSS
-	}{title, text, p.style})
+	page := strings.NewReplacer("{{style}}", p.style,
+		"{{title}}", html.EscapeString(title), "{{text}}", html.EscapeString(text)).Replace(p.messageHTML)
+	p.write(w, status, page)
 }
 
-func (p *pages) render(w http.ResponseWriter, status int, name string, data any) {
-	var buf bytes.Buffer
-	if err := p.tmpl.ExecuteTemplate(&buf, name, data); err != nil {
-		p.logger.Error("support form: render page failed", "template", name, "err", err)
-		http.Error(w, "internal error", http.StatusInternalServerError)
-		return
-	}
+func (p *pages) write(w http.ResponseWriter, status int, page string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Content-Security-Policy", p.csp)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = io.WriteString(w, page)
 }
 
 // Texts of the pages a plain form post gets back.
