@@ -132,7 +132,7 @@ func stripeAPI(cfg config, logger *slog.Logger) *client.API {
 	if cfg.StripeAPIKey == "" {
 		return nil
 	}
-	return stripehook.NewAPIWithLogger(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
+	return stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
 }
 
 func provider(name string, dedupeTTL time.Duration, failureMode string) claim.Provider {

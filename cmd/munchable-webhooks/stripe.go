@@ -147,7 +147,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		return err
 	}
 	defer pool.Close()
-	api := stripehook.NewAPIWithLogger(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
+	api := stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
 	store := entitlements.NewStore(pool, prometheus.NewRegistry())
 	start := time.Now()
 

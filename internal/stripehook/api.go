@@ -15,16 +15,11 @@ import (
 )
 
 // NewAPI returns a stripe-go client on key whose backends all point at
-// baseURL (STRIPE_API_URL; tests point it at a local server). Whether to
-// call it at all when key is "" is the caller's decision.
-func NewAPI(key string, baseURL *url.URL) *client.API {
-	return NewAPIWithLogger(key, baseURL, nil)
-}
-
-// NewAPIWithLogger is NewAPI with stripe-go's own log lines routed into
-// logger as JSON (nil: dropped), so that every line the process writes is
-// one JSON object.
-func NewAPIWithLogger(key string, baseURL *url.URL, logger *slog.Logger) *client.API {
+// baseURL (STRIPE_API_URL; tests point it at a local server), with
+// stripe-go's own log lines routed into logger as JSON (nil: dropped), so
+// that every line the process writes is one JSON object. Whether to call it
+// at all when key is "" is the caller's decision.
+func NewAPI(key string, baseURL *url.URL, logger *slog.Logger) *client.API {
 	cfg := &stripe.BackendConfig{
 		URL: stripe.String(baseURL.String()),
 		// Requests carry the caller's context: the handler deadline bounds

@@ -259,7 +259,7 @@ func (f *fakeStripe) api(t *testing.T) *client.API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewAPI("sk_test_fake", u)
+	return NewAPI("sk_test_fake", u, nil)
 }
 
 func TestCorpusFeatures(t *testing.T) {
