@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -84,7 +83,7 @@ func claims(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	cfg, store, closeRedis, err := openClaimStore(environ, stderr)
+	cfg, store, closeRedis, err := openClaimStore(environ)
 	if err != nil {
 		return err
 	}
@@ -141,12 +140,12 @@ func parseClaims(args []string, stdout, stderr io.Writer) (claimsRequest, error)
 
 // openClaimStore reads the claims tool's configuration and connects to
 // Redis; the returned func closes the connection.
-func openClaimStore(environ []string, stderr io.Writer) (claimsConfig, *claim.Store, func(), error) {
+func openClaimStore(environ []string) (claimsConfig, *claim.Store, func(), error) {
 	cfg, err := parseEnv[claimsConfig](environ)
 	if err != nil {
 		return cfg, nil, nil, err
 	}
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, newLogger(stderr, slog.LevelWarn))
+	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
 	if err != nil {
 		return cfg, nil, nil, err
 	}

@@ -9,14 +9,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	// go-redis's lines are warnings: a pool or dial problem it works around.
+	redis.SetLogger(redisLogger{newLogger(os.Stderr, slog.LevelWarn)})
 	err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr)
 	switch {
 	case err == nil:

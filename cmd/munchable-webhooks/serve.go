@@ -55,7 +55,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := migrateUp(ctx, pool, logger); err != nil {
 		return err
 	}
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, logger)
+	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
 	if err != nil {
 		return err
 	}
@@ -286,7 +286,7 @@ func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) err
 }
 
 // openRedis returns nil for an empty URL: claims disabled.
-func openRedis(url string, timeout time.Duration, logger *slog.Logger) (*redis.Client, error) {
+func openRedis(url string, timeout time.Duration) (*redis.Client, error) {
 	if url == "" {
 		return nil, nil
 	}
@@ -317,12 +317,13 @@ func openRedis(url string, timeout time.Duration, logger *slog.Logger) (*redis.C
 	opts.MinIdleConns = 4
 	opts.DisableIdentity = true
 	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	// go-redis logs through a package-level logger of its own; route it into
-	// ours so that every line stays one JSON object.
-	redis.SetLogger(redisLogger{logger})
 	return redis.NewClient(opts), nil
 }
 
+// redisLogger routes go-redis's own lines (pool and dial trouble) into JSON
+// logs. go-redis has one package-level logger and no per-client option, so
+// main sets it once, before anything runs: setting it here, per client,
+// raced with the clients of commands that tests run side by side.
 type redisLogger struct{ l *slog.Logger }
 
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {

@@ -157,7 +157,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		return err
 	}
 
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout, logger)
+	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
 	if err != nil {
 		return err
 	}
