@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/munchable/munchable-webhooks/internal/claim"
 )
 
@@ -38,36 +36,17 @@ PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
 // claimsConfig is what the claims tool needs: Redis and the dedupe TTLs,
 // nothing of the webhook secrets or Postgres.
 type claimsConfig struct {
-	RedisURL        secret        `env:"REDIS_URL"`
-	RedisTimeout    time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
-	RedisKeyPrefix  string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
-	StripeDedupeTTL time.Duration `env:"STRIPE_DEDUPE_TTL" envDefault:"72h"`
-	ResendDedupeTTL time.Duration `env:"RESEND_DEDUPE_TTL" envDefault:"30h"`
+	ClaimConfig
 }
 
 func (c claimsConfig) validate() []error {
 	var p []error
+	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
 	if c.RedisURL == "" {
-		p = append(p, errors.New("REDIS_URL is required"))
-	} else if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
-		p = append(p, errors.New("REDIS_URL is invalid: want redis://host:port[/db] or rediss://host:port[/db]"))
+		add("REDIS_URL is required")
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"REDIS_TIMEOUT", c.RedisTimeout}, {"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL}, {"RESEND_DEDUPE_TTL", c.ResendDedupeTTL}} {
-		if d.v <= 0 {
-			p = append(p, fmt.Errorf("%s must be positive", d.name))
-		}
-	}
+	c.check(add)
 	return p
-}
-
-func (c claimsConfig) dedupeTTL(provider string) time.Duration {
-	if provider == "resend" {
-		return c.ResendDedupeTTL
-	}
-	return c.StripeDedupeTTL
 }
 
 // claimsRequest is one parsed claims command line.
@@ -95,7 +74,7 @@ func claims(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	case "release":
 		return releaseClaim(ctx, store, req.provider, req.eventID, req.force, now, stdout)
 	case "done":
-		return markDone(ctx, store, req.provider, req.eventID, cfg.dedupeTTL(req.provider), stdout)
+		return markDone(ctx, store, req.provider, req.eventID, cfg.provider(req.provider).DedupeTTL, stdout)
 	}
 	return listStuck(ctx, store, req.olderThan, now, stdout)
 }
@@ -145,12 +124,8 @@ func openClaimStore(environ []string) (claimsConfig, *claim.Store, func(), error
 	if err != nil {
 		return cfg, nil, nil, err
 	}
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
-	if err != nil {
-		return cfg, nil, nil, err
-	}
-	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout})
-	return cfg, store, func() { _ = rdb.Close() }, nil
+	store, closeRedis, err := cfg.openStore()
+	return cfg, store, closeRedis, err
 }
 
 func showClaim(ctx context.Context, store *claim.Store, provider, eventID string, now time.Time, stdout io.Writer) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	svix "github.com/svix/svix-webhooks/go"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 )
 
@@ -21,12 +22,10 @@ import (
 // (README.md lists every variable). validate also parses, once, the values
 // that packages take in a typed form, into the unexported fields.
 type config struct {
-	ListenAddr     string        `env:"LISTEN_ADDR" envDefault:":8080"`
-	MetricsAddr    string        `env:"METRICS_ADDR"`
-	DatabaseURL    secret        `env:"DATABASE_URL"`
-	RedisURL       secret        `env:"REDIS_URL"`
-	RedisTimeout   time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
-	RedisKeyPrefix string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
+	ListenAddr  string `env:"LISTEN_ADDR" envDefault:":8080"`
+	MetricsAddr string `env:"METRICS_ADDR"`
+	DatabaseURL secret `env:"DATABASE_URL"`
+	ClaimConfig
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
 	StripeAPIKey        secret `env:"STRIPE_API_KEY"`
@@ -45,14 +44,6 @@ type config struct {
 	// parseEnv fills in defaultTrustedProxies when the variable is unset.
 	TrustedProxies []string `env:"TRUSTED_PROXIES"`
 
-	HandlerTimeout         time.Duration `env:"HANDLER_TIMEOUT" envDefault:"30s"`
-	ClaimProcessingTTL     time.Duration `env:"CLAIM_PROCESSING_TTL" envDefault:"120s"`
-	StripeDedupeTTL        time.Duration `env:"STRIPE_DEDUPE_TTL" envDefault:"72h"`
-	ResendDedupeTTL        time.Duration `env:"RESEND_DEDUPE_TTL" envDefault:"30h"`
-	StripeClaimFailureMode string        `env:"STRIPE_CLAIM_FAILURE_MODE" envDefault:"open"`
-	ResendClaimFailureMode string        `env:"RESEND_CLAIM_FAILURE_MODE" envDefault:"open"`
-	PoisonAfter            int           `env:"POISON_AFTER" envDefault:"5"`
-
 	BodyReadTimeout      time.Duration `env:"BODY_READ_TIMEOUT" envDefault:"10s"`
 	MaxInflightBodyBytes int64         `env:"MAX_INFLIGHT_BODY_BYTES" envDefault:"33554432"`
 
@@ -67,6 +58,95 @@ type config struct {
 	inbound        resendhook.Inbound
 	trustedProxies []netip.Prefix
 	logLevel       slog.Level
+}
+
+// ClaimConfig is where and how deliveries are claimed. The service, the
+// claims tool and stripe replay read these same variables, so they are
+// declared, defaulted and checked once. Exported only because caarlos0/env
+// cannot set the fields of an unexported embedded struct.
+type ClaimConfig struct {
+	RedisURL               secret        `env:"REDIS_URL"`
+	RedisTimeout           time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
+	RedisKeyPrefix         string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
+	HandlerTimeout         time.Duration `env:"HANDLER_TIMEOUT" envDefault:"30s"`
+	ClaimProcessingTTL     time.Duration `env:"CLAIM_PROCESSING_TTL" envDefault:"120s"`
+	StripeDedupeTTL        time.Duration `env:"STRIPE_DEDUPE_TTL" envDefault:"72h"`
+	ResendDedupeTTL        time.Duration `env:"RESEND_DEDUPE_TTL" envDefault:"30h"`
+	StripeClaimFailureMode string        `env:"STRIPE_CLAIM_FAILURE_MODE" envDefault:"open"`
+	ResendClaimFailureMode string        `env:"RESEND_CLAIM_FAILURE_MODE" envDefault:"open"`
+	PoisonAfter            int           `env:"POISON_AFTER" envDefault:"5"`
+}
+
+// check reports the claim settings' problems. REDIS_URL may be empty here
+// (the service then runs without claims); a command that needs Redis says
+// so itself.
+func (c ClaimConfig) check(add addProblem) {
+	if c.RedisURL != "" {
+		if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
+			add("REDIS_URL is invalid: want redis://host:port[/db] or rediss://host:port[/db]")
+		}
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"REDIS_TIMEOUT", c.RedisTimeout},
+		{"HANDLER_TIMEOUT", c.HandlerTimeout},
+		{"CLAIM_PROCESSING_TTL", c.ClaimProcessingTTL},
+		{"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL},
+		{"RESEND_DEDUPE_TTL", c.ResendDedupeTTL},
+	}
+	for _, v := range positive {
+		if v.d <= 0 {
+			add("%s must be positive", v.name)
+		}
+	}
+	if c.HandlerTimeout > 0 && c.ClaimProcessingTTL < 2*c.HandlerTimeout {
+		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s): a claim must outlive any handler", c.ClaimProcessingTTL, c.HandlerTimeout)
+	}
+	if c.ClaimProcessingTTL > 0 && c.ClaimProcessingTTL%time.Millisecond != 0 {
+		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds")
+	}
+	for _, m := range []struct{ name, mode string }{
+		{"STRIPE_CLAIM_FAILURE_MODE", c.StripeClaimFailureMode},
+		{"RESEND_CLAIM_FAILURE_MODE", c.ResendClaimFailureMode},
+	} {
+		if m.mode != "open" && m.mode != "closed" {
+			add("%s is %q: want open or closed", m.name, m.mode)
+		}
+	}
+	if c.PoisonAfter < 0 {
+		add("POISON_AFTER must be at least 0")
+	}
+}
+
+// openStore connects to Redis and returns the claim store on it (a store
+// without Redis when REDIS_URL is empty) and a func that closes the
+// connection.
+func (c ClaimConfig) openStore() (*claim.Store, func(), error) {
+	rdb, err := openRedis(string(c.RedisURL), c.RedisTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	store := claim.NewStore(rdb, claim.StoreConfig{
+		Prefix:        c.RedisKeyPrefix,
+		Timeout:       c.RedisTimeout,
+		ProcessingTTL: c.ClaimProcessingTTL,
+	})
+	return store, func() {
+		if rdb != nil {
+			_ = rdb.Close()
+		}
+	}, nil
+}
+
+// provider is a provider's claim settings.
+func (c ClaimConfig) provider(name string) claim.Provider {
+	ttl, mode := c.StripeDedupeTTL, c.StripeClaimFailureMode
+	if name == "resend" {
+		ttl, mode = c.ResendDedupeTTL, c.ResendClaimFailureMode
+	}
+	return claim.Provider{Name: name, DedupeTTL: ttl, FailClosed: mode == "closed"}
 }
 
 // defaultTrustedProxies are the private ranges and loopback, where a load
@@ -183,6 +263,7 @@ func (c *config) validate() []error {
 	c.checkRequired(add)
 	c.parseEndpoints(add)
 	c.parseSupport(add)
+	c.ClaimConfig.check(add)
 	c.checkDurations(add)
 	c.checkLimits(add)
 	return p
@@ -218,11 +299,6 @@ func (c *config) checkRequired(add addProblem) {
 
 // parseEndpoints parses the URLs and the secret that need more than a type.
 func (c *config) parseEndpoints(add addProblem) {
-	if c.RedisURL != "" {
-		if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
-			add("REDIS_URL is invalid: want redis://host:port[/db] or rediss://...")
-		}
-	}
 	if c.ResendWebhookSecret != "" {
 		wh, err := svix.NewWebhook(string(c.ResendWebhookSecret))
 		if err != nil {
@@ -277,27 +353,8 @@ func (c *config) parseSupport(add addProblem) {
 }
 
 func (c *config) checkDurations(add addProblem) {
-	positive := []struct {
-		name string
-		d    time.Duration
-	}{
-		{"REDIS_TIMEOUT", c.RedisTimeout},
-		{"HANDLER_TIMEOUT", c.HandlerTimeout},
-		{"CLAIM_PROCESSING_TTL", c.ClaimProcessingTTL},
-		{"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL},
-		{"RESEND_DEDUPE_TTL", c.ResendDedupeTTL},
-		{"BODY_READ_TIMEOUT", c.BodyReadTimeout},
-	}
-	for _, v := range positive {
-		if v.d <= 0 {
-			add("%s must be positive", v.name)
-		}
-	}
-	if c.HandlerTimeout > 0 && c.ClaimProcessingTTL < 2*c.HandlerTimeout {
-		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s): a claim must outlive any handler", c.ClaimProcessingTTL, c.HandlerTimeout)
-	}
-	if c.ClaimProcessingTTL > 0 && c.ClaimProcessingTTL%time.Millisecond != 0 {
-		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds")
+	if c.BodyReadTimeout <= 0 {
+		add("BODY_READ_TIMEOUT must be positive")
 	}
 	if c.ShutdownDelay < 0 {
 		add("SHUTDOWN_DELAY must not be negative")
@@ -305,21 +362,12 @@ func (c *config) checkDurations(add addProblem) {
 }
 
 func (c *config) checkLimits(add addProblem) {
-	for _, m := range []struct{ name, mode string }{
-		{"STRIPE_CLAIM_FAILURE_MODE", c.StripeClaimFailureMode},
-		{"RESEND_CLAIM_FAILURE_MODE", c.ResendClaimFailureMode},
-	} {
-		if m.mode != "open" && m.mode != "closed" {
-			add("%s is %q: want open or closed", m.name, m.mode)
-		}
-	}
 	atLeast := []struct {
 		name     string
 		got, min int64
 	}{
 		{"SUPPORT_FORM_RATE", int64(c.SupportFormRate), 1},
 		{"DATABASE_MAX_CONNS", int64(c.DatabaseMaxConns), 1},
-		{"POISON_AFTER", int64(c.PoisonAfter), 0},
 		{"SUPPORT_ATTACHMENT_MAX_BYTES", c.SupportAttachmentMaxBytes, 0},
 		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 1 << 20},
 	}

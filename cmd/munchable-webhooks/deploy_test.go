@@ -51,10 +51,11 @@ func readRepoFile(t *testing.T, name string) string {
 
 // --- what the code says ---
 
-// envNames returns the env tags of T's fields.
+// envNames returns the env tags of T's fields, those of embedded
+// structs (ClaimConfig) included.
 func envNames[T any]() map[string]bool {
 	names := map[string]bool{}
-	for f := range reflect.TypeFor[T]().Fields() {
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[T]()) {
 		if n := f.Tag.Get("env"); n != "" {
 			names[n] = true
 		}
@@ -66,7 +67,7 @@ func envNames[T any]() map[string]bool {
 // set from a ConfigMap or a literal in a manifest.
 func secretNames[T any]() map[string]bool {
 	names := map[string]bool{}
-	for f := range reflect.TypeFor[T]().Fields() {
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[T]()) {
 		if f.Type == reflect.TypeFor[secret]() {
 			names[f.Tag.Get("env")] = true
 		}

@@ -55,21 +55,14 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := migrateUp(ctx, pool, logger); err != nil {
 		return err
 	}
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
+	claims, closeRedis, err := cfg.openStore()
 	if err != nil {
 		return err
 	}
-	if rdb != nil {
-		defer rdb.Close()
-	}
+	defer closeRedis()
 
 	registry := newRegistry()
-	claims := claim.NewStore(rdb, claim.StoreConfig{
-		Prefix:        cfg.RedisKeyPrefix,
-		Timeout:       cfg.RedisTimeout,
-		ProcessingTTL: cfg.ClaimProcessingTTL,
-	})
-	if err := claims.Ping(ctx); err != nil && rdb != nil {
+	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
 		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
 	}
 	flow := claim.NewFlow(claims, claim.FlowConfig{
@@ -106,10 +99,10 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 			Logger:     logger,
 			Registerer: registry,
 		}).Handler(
-			flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode)),
+			flow.Endpoint(cfg.provider("stripe")),
 			string(cfg.StripeWebhookSecret)),
 		resendhook.NewHandler(
-			flow.Endpoint(provider("resend", cfg.ResendDedupeTTL, cfg.ResendClaimFailureMode)),
+			flow.Endpoint(cfg.provider("resend")),
 			queue,
 			resendhook.Config{
 				Webhook:    cfg.resendWebhook,
@@ -133,10 +126,6 @@ func stripeAPI(cfg config, logger *slog.Logger) *client.API {
 		return nil
 	}
 	return stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
-}
-
-func provider(name string, dedupeTTL time.Duration, failureMode string) claim.Provider {
-	return claim.Provider{Name: name, DedupeTTL: dedupeTTL, FailClosed: failureMode == "closed"}
 }
 
 // newRegistry is the service's own metrics registry (no global one).

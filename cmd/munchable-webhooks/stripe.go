@@ -85,18 +85,11 @@ func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error
 // stripeConfig is what the stripe commands need: the database, the API,
 // and for replay the claims; none of the webhook secrets.
 type stripeConfig struct {
-	DatabaseURL            secret        `env:"DATABASE_URL"`
-	StripeAPIKey           secret        `env:"STRIPE_API_KEY"`
-	StripeAPIURL           string        `env:"STRIPE_API_URL" envDefault:"https://api.stripe.com"`
-	RedisURL               secret        `env:"REDIS_URL"`
-	RedisTimeout           time.Duration `env:"REDIS_TIMEOUT" envDefault:"250ms"`
-	RedisKeyPrefix         string        `env:"REDIS_KEY_PREFIX" envDefault:"webhook"`
-	HandlerTimeout         time.Duration `env:"HANDLER_TIMEOUT" envDefault:"30s"`
-	ClaimProcessingTTL     time.Duration `env:"CLAIM_PROCESSING_TTL" envDefault:"120s"`
-	StripeDedupeTTL        time.Duration `env:"STRIPE_DEDUPE_TTL" envDefault:"72h"`
-	StripeClaimFailureMode string        `env:"STRIPE_CLAIM_FAILURE_MODE" envDefault:"open"`
-	PoisonAfter            int           `env:"POISON_AFTER" envDefault:"5"`
-	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
+	DatabaseURL  secret `env:"DATABASE_URL"`
+	StripeAPIKey secret `env:"STRIPE_API_KEY"`
+	StripeAPIURL string `env:"STRIPE_API_URL" envDefault:"https://api.stripe.com"`
+	LogLevel     string `env:"LOG_LEVEL" envDefault:"info"`
+	ClaimConfig
 
 	stripeAPIURL *url.URL
 	logLevel     slog.Level
@@ -115,12 +108,7 @@ func (c *stripeConfig) validate() []error {
 	if c.stripeAPIURL, ok = parseHTTPURL(c.StripeAPIURL); !ok {
 		add("STRIPE_API_URL is invalid: want an http(s) URL")
 	}
-	if c.StripeClaimFailureMode != "open" && c.StripeClaimFailureMode != "closed" {
-		add("STRIPE_CLAIM_FAILURE_MODE is %q: want open or closed", c.StripeClaimFailureMode)
-	}
-	if c.HandlerTimeout <= 0 || c.ClaimProcessingTTL < 2*c.HandlerTimeout {
-		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s), which must be positive", c.ClaimProcessingTTL, c.HandlerTimeout)
-	}
+	c.check(add)
 	var err error
 	if c.logLevel, err = parseLevel(c.LogLevel); err != nil {
 		add("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel)
@@ -157,18 +145,15 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		return err
 	}
 
-	rdb, err := openRedis(string(cfg.RedisURL), cfg.RedisTimeout)
+	claims, closeRedis, err := cfg.openStore()
 	if err != nil {
 		return err
 	}
-	defer rdb.Close()
-	claims := claim.NewStore(rdb, claim.StoreConfig{
-		Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout, ProcessingTTL: cfg.ClaimProcessingTTL,
-	})
+	defer closeRedis()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout, PoisonAfter: cfg.PoisonAfter, Logger: logger,
 	})
-	endpoint := flow.Endpoint(provider("stripe", cfg.StripeDedupeTTL, cfg.StripeClaimFailureMode))
+	endpoint := flow.Endpoint(cfg.provider("stripe"))
 	receiver := stripehook.New(stripehook.Config{Store: store, API: api, Logger: logger})
 	n, err := replayStripe(ctx, api, receiver, endpoint, logger, stderr, time.Now().Add(-a.since), a.undelivered)
 	fmt.Fprintf(stdout, "stripe replay: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
