@@ -51,11 +51,11 @@ type report struct {
 // which it reads the service's peak RSS.
 func (h *harness) measure(ctx context.Context) (*report, error) {
 	rep := &report{o: h.o, started: h.started}
-	tmpl, err := loadFixture()
+	events, err := loadFixture()
 	if err != nil {
 		return nil, err
 	}
-	rep.eventBytes = len(tmpl)
+	rep.eventBytes = len(events)
 	if err := h.startServers(ctx); err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	dupBody := tmpl.event("dup", 0)
+	dupBody := events.event("dup", 0)
 	c := client{addr: svc.addr}
 	status, err := c.do(request(dupBody, stripeSecret, time.Now()))
 	c.close()
@@ -96,11 +96,11 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 		// Every stage signs its requests afresh: signatures expire after
 		// the service's 300 s tolerance.
 		n := int(secs*float64(perSecond)) + h.o.concurrency
-		ceil := repeated(tmpl.event("ceiling", 0), stripeSecret)
+		ceil := repeated(events.event("ceiling", 0), stripeSecret)
 		runs := [loads]workload{
-			firsts:        {svc, &feed{reqs: tmpl.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n)}, 200, "processed"},
+			firsts:        {svc, &feed{reqs: events.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n)}, 200, "processed"},
 			duplicates:    {svc, repeated(dupBody, stripeSecret), 200, "duplicate"},
-			rejections:    {svc, repeated(tmpl.event("bad", 0), wrongSecret), 400, "rejected"},
+			rejections:    {svc, repeated(events.event("bad", 0), wrongSecret), 400, "rejected"},
 			chiCeiling:    {chi, ceil, 200, ""},
 			intakeCeiling: {intake, ceil, 200, ""},
 		}

@@ -146,11 +146,13 @@ func (h *harness) startService(ctx context.Context) (target, error) {
 	if h.o.serviceEnv != "" {
 		env = append(env, strings.Split(h.o.serviceEnv, ",")...)
 	}
-	return h.start("service", "/readyz", func(addr string) *exec.Cmd {
+	t, err := h.start("service", "/readyz", func(addr string) *exec.Cmd {
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(env, "LISTEN_ADDR="+addr)
 		return cmd
 	})
+	t.service = true
+	return t, err
 }
 
 // startCeiling starts this binary as a ceiling server.
@@ -164,9 +166,9 @@ func (h *harness) startCeiling(mode string) (target, error) {
 	})
 }
 
-// start runs the command that listens on addr, on a free port, with only
-// PATH and its own environment and its output in a log file, and waits
-// until it answers 200 on readyPath; close stops it.
+// start finds a free port and runs the command made to listen on it, with
+// PATH added to the command's own environment and its output in a log
+// file, until close; it waits until the command answers 200 on readyPath.
 func (h *harness) start(name, readyPath string, command func(addr string) *exec.Cmd) (target, error) {
 	port, err := dbtest.FreePort()
 	if err != nil {
@@ -193,10 +195,10 @@ func (h *harness) start(name, readyPath string, command func(addr string) *exec.
 		return nil
 	})
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if resp, err := http.Get("http://" + addr + readyPath); err == nil {
+		if resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + addr + readyPath); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return target{addr: addr, pid: cmd.Process.Pid, service: name == "service"}, nil
+				return target{addr: addr, pid: cmd.Process.Pid}, nil
 			}
 		}
 	}
