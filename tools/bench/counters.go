@@ -20,14 +20,6 @@ import (
 // per delivery.
 type counters map[string]float64
 
-func (after counters) minus(before counters) counters {
-	d := counters{}
-	for k, v := range after {
-		d[k] = v - before[k]
-	}
-	return d
-}
-
 // Keys of a snapshot besides the service's metrics, which keep their
 // names.
 const (

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -72,11 +71,9 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	dupBody := events.event("dup", 0)
-	c := client{addr: svc.addr}
-	status, err := c.do(request(dupBody, stripeSecret, time.Now()))
-	c.close()
-	if err != nil || status != 200 {
-		return nil, fmt.Errorf("first delivery of the duplicate: %d, %v", status, err)
+	once := &feed{reqs: [][]byte{request(dupBody, stripeSecret, time.Now())}}
+	if r := saturate(ctx, svc.addr, once, 1, time.Minute); r.statuses[200] != 1 {
+		return nil, fmt.Errorf("first delivery of the duplicate: %v, %v", r.statuses, r.firstErr)
 	}
 	h.logf("servers up")
 
@@ -134,26 +131,35 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 // snapshot reads every counter a result is the difference of; the
 // service's metrics and statements only for the service.
 func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
-	c, err := counters{}, error(nil)
+	c := counters{}
+	var err error
 	if t.service {
 		if c, err = settledMetrics("http://" + t.addr + "/metrics"); err != nil {
 			return nil, err
 		}
-		c[pgStatements], err = statements(ctx, h.admin, benchDB)
+		if c[pgStatements], err = statements(ctx, h.admin, benchDB); err != nil {
+			return nil, err
+		}
 	}
-	var own, all time.Duration
-	var errs [3]error
-	c[roundTrips], errs[0] = redisRoundTrips(ctx, h.rdb)
-	_, own, _, errs[1] = procStat(t.pid)
-	all, errs[2] = ourCPU()
+	if c[roundTrips], err = redisRoundTrips(ctx, h.rdb); err != nil {
+		return nil, err
+	}
+	_, own, _, err := procStat(t.pid)
+	if err != nil {
+		return nil, err
+	}
+	all, err := ourCPU()
 	c[targetCPU], c[allCPU] = float64(own), float64(all)
-	return c, errors.Join(err, errs[0], errs[1], errs[2])
+	return c, err
 }
 
 // delta is what a run cost: the difference of the snapshots around it,
 // less the reply to the INFO that read before's round trips.
 func delta(before, after counters) counters {
-	d := after.minus(before)
+	d := counters{}
+	for k, v := range after {
+		d[k] = v - before[k]
+	}
 	d[roundTrips]--
 	return d
 }
