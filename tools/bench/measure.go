@@ -27,8 +27,8 @@ const (
 // workload is one of the loads of a round: what is sent where, and the
 // answer every request should get.
 type workload struct {
-	t       target
-	f       *feed
+	target  target
+	feed    *feed
 	status  int
 	outcome string // counted by the service; "" for a ceiling
 }
@@ -169,17 +169,17 @@ func delta(before, after counters) counters {
 func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool, d time.Duration) (result, error) {
 	load := func(d time.Duration) result {
 		if fixed {
-			return fixedRate(ctx, w.t.addr, w.f, h.o.concurrency, h.o.rate, d)
+			return fixedRate(ctx, w.target.addr, w.feed, h.o.concurrency, h.o.rate, d)
 		}
-		return saturate(ctx, w.t.addr, w.f, h.o.concurrency, d)
+		return saturate(ctx, w.target.addr, w.feed, h.o.concurrency, d)
 	}
 	load(h.o.warmup)
-	before, err := h.snapshot(ctx, w.t)
+	before, err := h.snapshot(ctx, w.target)
 	if err != nil {
 		return result{}, err
 	}
 	res := load(d)
-	after, err := h.snapshot(ctx, w.t) // fails too once ctx is done
+	after, err := h.snapshot(ctx, w.target) // fails too once ctx is done
 	if err != nil {
 		return result{}, err
 	}
