@@ -5,9 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
-	"slices"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -21,175 +20,159 @@ import (
 // per delivery.
 type counters map[string]float64
 
-func (after counters) minus(before counters) counters {
-	d := counters{}
-	for k, v := range after {
-		if dv := v - before[k]; dv != 0 {
-			d[k] = dv
-		}
-	}
-	return d
-}
+// Keys of a snapshot besides the service's metrics, which keep their
+// names.
+const (
+	roundTrips   = "redis round trips"
+	pgStatements = "postgres statements"
+	targetCPU    = "target CPU ns" // the target process's own
+	allCPU       = "all CPU ns"    // see ourCPU
+)
 
-func (c counters) plus(d counters) counters {
-	out := counters{}
-	for k, v := range c {
-		out[k] = v
-	}
-	for k, v := range d {
-		out[k] += v
-	}
-	return out
-}
-
-func (c counters) perRequest(n int) counters {
-	out := counters{}
-	for k, v := range c {
-		out[k] = v / float64(n)
-	}
-	return out
-}
-
-// sortedKeys lists keys by descending value.
-func (c counters) sortedKeys() []string {
-	keys := slices.Collect(maps.Keys(c))
-	slices.SortFunc(keys, func(a, b string) int {
-		if c[a] != c[b] {
-			if c[a] > c[b] {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a, b)
-	})
-	return keys
-}
-
-// redisCounters reads, in one INFO call, Redis's reply writes (one per
-// round trip of an unpipelined client) and the calls of every command,
-// including those a Lua script makes inside Redis.
-func redisCounters(ctx context.Context, rdb *redis.Client) (counters, error) {
-	info, err := rdb.Info(ctx, "stats", "commandstats").Result()
+// redisRoundTrips reads the replies Redis has written: one per round trip
+// of an unpipelined client, the INFO that reads them included.
+func redisRoundTrips(ctx context.Context, rdb *redis.Client) (float64, error) {
+	info, err := rdb.Info(ctx, "stats").Result()
 	if err != nil {
-		return nil, fmt.Errorf("redis INFO: %w", err)
+		return 0, fmt.Errorf("redis INFO: %w", err)
 	}
-	c := counters{}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		switch {
-		case k == "total_writes_processed":
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return nil, fmt.Errorf("redis INFO %s: %w", line, err)
-			}
-			c["round trips"] = n
-		case strings.HasPrefix(k, "cmdstat_"):
-			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
-			n, err := strconv.ParseFloat(calls, 64)
-			if err != nil {
-				return nil, fmt.Errorf("redis INFO %s: %w", line, err)
-			}
-			c[strings.ToUpper(strings.TrimPrefix(k, "cmdstat_"))] = n
-		}
-	}
-	return c, nil
+	_, n, _ := strings.Cut(info, "\r\ntotal_writes_processed:")
+	n, _, _ = strings.Cut(n, "\r\n")
+	return strconv.ParseFloat(n, 64)
 }
 
-// redisDelta is the difference of two redisCounters snapshots, leaving out
-// the INFO calls that took them.
-func redisDelta(before, after counters) counters {
-	d := after.minus(before)
-	delete(d, "INFO")
-	if d["round trips"] > 0 {
-		d["round trips"]-- // the reply to the first INFO
-	}
-	return d
-}
-
-// pgStatements reads pg_stat_statements calls per statement in database db,
-// keyed by queryid with the statement's first words, from a connection to
-// another database so that reading does not count.
-func pgStatements(ctx context.Context, adminURL, db string) (counters, error) {
-	conn, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `
-SELECT s.queryid, left(regexp_replace(s.query, '\s+', ' ', 'g'), 48), s.calls
+// statements reads how many statements pg_stat_statements has counted in
+// database db. conn is to another database, so that reading does not
+// count.
+func statements(ctx context.Context, conn *pgx.Conn, db string) (float64, error) {
+	const q = `
+SELECT coalesce(sum(s.calls), 0)
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-WHERE d.datname = $1`, db)
-	if err != nil {
-		return nil, fmt.Errorf("pg_stat_statements: %w", err)
-	}
-	c := counters{}
-	for rows.Next() {
-		var id int64
-		var text string
-		var calls int64
-		if err := rows.Scan(&id, &text, &calls); err != nil {
+WHERE d.datname = $1`
+	var n float64
+	err := conn.QueryRow(ctx, q, db).Scan(&n)
+	return n, err
+}
+
+// settledMetrics reads the service's metrics until two reads 10 ms apart
+// count the same deliveries (for at most a second). The service counts a
+// delivery just after answering it, so the last answers of a run can be
+// counted after the load generator has seen them, in the next run's window.
+func settledMetrics(url string) (counters, error) {
+	var last counters
+	for range 100 {
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+		if err != nil {
 			return nil, err
 		}
-		c[strings.TrimSpace(text)+" … #"+strconv.FormatInt(id, 16)] += float64(calls)
+		m, err := parseMetrics(resp.Body)
+		resp.Body.Close()
+		if err != nil || last != nil && delivered(m) == delivered(last) {
+			return m, err
+		}
+		last = m
+		time.Sleep(10 * time.Millisecond)
 	}
-	return c, rows.Err()
-}
-
-// serviceMetrics scrapes the Go runtime's allocation counters and the
-// delivery counters from a /metrics endpoint.
-func serviceMetrics(ctx context.Context, url string) (counters, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %d", url, resp.StatusCode)
-	}
-	return parseMetrics(resp.Body)
+	return last, nil
 }
 
 // parseMetrics keeps the samples of the allocation, GC and delivery
-// counters from the Prometheus text
-// format, keyed by the sample's name and labels as written.
+// counters from the Prometheus text format, keyed by the sample's name and
+// labels as written.
 func parseMetrics(r io.Reader) (counters, error) {
-	want := []string{"go_memstats_alloc_bytes_total", "go_memstats_mallocs_total", "go_gc_duration_seconds_count", "webhook_deliveries_total"}
 	c := counters{}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
 		name, _, _ := strings.Cut(line, "{")
 		name, _, _ = strings.Cut(name, " ")
-		if !slices.Contains(want, name) {
-			continue
+		switch name {
+		case "go_memstats_alloc_bytes_total", "go_memstats_mallocs_total", "go_gc_duration_seconds_count", "webhook_deliveries_total":
+			i := strings.LastIndexByte(line, ' ')
+			v, err := strconv.ParseFloat(line[i+1:], 64)
+			if err != nil {
+				return nil, fmt.Errorf("metrics line %q: %w", line, err)
+			}
+			c[line[:i]] = v
 		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		c[line[:i]] = v
 	}
 	return c, sc.Err()
 }
 
-func (c counters) sum() float64 {
-	var s float64
-	for _, v := range c {
-		s += v
+// delivered is the service's count of deliveries, whatever their outcome.
+func delivered(c counters) float64 {
+	var n float64
+	for k, v := range c {
+		if strings.HasPrefix(k, "webhook_deliveries_total{") {
+			n += v
+		}
 	}
-	return s
+	return n
+}
+
+// clockTick is the unit of the CPU times in /proc/PID/stat: USER_HZ, 100
+// on every Linux configuration Go supports.
+const clockTick = 10 * time.Millisecond
+
+// procStat reads a process's parent, its own CPU time (user + system) and
+// that of its children it has reaped.
+func procStat(pid int) (ppid int, own, reaped time.Duration, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	// The command name may hold spaces and parentheses; the fields after
+	// its closing one do not.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 15 {
+		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	var n [4]int64 // utime stime cutime cstime, numbers in every kernel
+	for i := range n {
+		n[i], _ = strconv.ParseInt(f[11+i], 10, 64)
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return ppid, time.Duration(n[0]+n[1]) * clockTick, time.Duration(n[2]+n[3]) * clockTick, nil
+}
+
+// ourCPU is the CPU time of this process and every process below it, the
+// exited ones included (their time is in their parents' once reaped):
+// the load generator, the service, the ceilings, Postgres with its
+// backends, Redis and pgbench, and the kernel's work on their behalf.
+func ourCPU() (time.Duration, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	children := map[int][]int{}
+	cpu := map[int]time.Duration{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, own, reaped, err := procStat(pid)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		children[ppid] = append(children[ppid], pid)
+		cpu[pid] = own + reaped
+	}
+	var sum time.Duration
+	for queue := []int{os.Getpid()}; len(queue) > 0; queue = queue[1:] {
+		sum += cpu[queue[0]]
+		queue = append(queue, children[queue[0]]...)
+	}
+	return sum, nil
+}
+
+// peakRSS returns a process's VmHWM (peak resident set) in KiB.
+func peakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	_, v, ok := strings.Cut(string(b), "\nVmHWM:")
+	if err != nil || !ok {
+		return 0, fmt.Errorf("/proc/%d/status: no VmHWM: %v", pid, err)
+	}
+	return strconv.ParseInt(strings.Fields(v)[0], 10, 64)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,8 +29,6 @@ type feed struct {
 	cycle bool
 	next  atomic.Int64
 }
-
-func newFeed(reqs [][]byte, cycle bool) *feed { return &feed{reqs: reqs, cycle: cycle} }
 
 func (f *feed) take() ([]byte, bool) {
 	i := int(f.next.Add(1) - 1)
@@ -63,12 +62,7 @@ func (c *client) do(req []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		c.conn = conn
-		if c.r == nil {
-			c.r = bufio.NewReaderSize(conn, 4096)
-		} else {
-			c.r.Reset(conn)
-		}
+		c.conn, c.r = conn, bufio.NewReaderSize(conn, 4096)
 	}
 	if err := c.conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		c.close()
@@ -85,11 +79,6 @@ func (c *client) do(req []byte) (int, error) {
 	return status, err
 }
 
-var (
-	hdrContentLength = []byte("content-length:")
-	hdrConnection    = []byte("connection:")
-)
-
 // readResponse reads one response; keep reports whether the connection
 // may be reused.
 func readResponse(r *bufio.Reader) (status int, keep bool, err error) {
@@ -100,8 +89,7 @@ func readResponse(r *bufio.Reader) (status int, keep bool, err error) {
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) {
 		return 0, false, fmt.Errorf("bad status line %q", line)
 	}
-	status, err = strconv.Atoi(string(line[9:12]))
-	if err != nil {
+	if status, err = strconv.Atoi(string(line[9:12])); err != nil {
 		return 0, false, fmt.Errorf("bad status line %q", line)
 	}
 	length, keep := -1, true
@@ -110,52 +98,79 @@ func readResponse(r *bufio.Reader) (status int, keep bool, err error) {
 		if err != nil {
 			return status, false, err
 		}
-		line = bytes.TrimRight(line, "\r\n")
-		if len(line) == 0 {
+		name, value, _ := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte(":"))
+		if len(name) == 0 {
 			break
 		}
+		value = bytes.TrimSpace(value)
 		switch {
-		case hasPrefixFold(line, hdrContentLength):
-			length, err = strconv.Atoi(string(bytes.TrimSpace(line[len(hdrContentLength):])))
-			if err != nil {
-				return status, false, fmt.Errorf("bad Content-Length %q", line)
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if length, err = strconv.Atoi(string(value)); err != nil {
+				return status, false, fmt.Errorf("bad Content-Length %q", value)
 			}
-		case hasPrefixFold(line, hdrConnection):
-			keep = !bytes.EqualFold(bytes.TrimSpace(line[len(hdrConnection):]), []byte("close"))
+		case bytes.EqualFold(name, []byte("Connection")):
+			keep = !bytes.EqualFold(value, []byte("close"))
 		}
 	}
 	if length < 0 {
 		return status, false, errors.New("answer without Content-Length")
 	}
-	if _, err := r.Discard(length); err != nil {
-		return status, false, err
-	}
-	return status, keep, nil
+	_, err = r.Discard(length)
+	return status, keep && err == nil, err
 }
 
-func hasPrefixFold(s, prefix []byte) bool {
-	return len(s) >= len(prefix) && bytes.EqualFold(s[:len(prefix)], prefix)
-}
-
-// loadResult is what one load run saw.
-type loadResult struct {
+// result is what one load run measured, or the sum of the slices of the
+// same load in interleaved rounds: the load generator's view, and the
+// counters the harness read before and after.
+type result struct {
 	requests int
 	elapsed  time.Duration
-	statuses map[int]int
-	errors   int
+	statuses map[int]int // 0 counts transport errors
 	firstErr error
-	lat      []time.Duration // sorted
+	lat      []time.Duration // sorted by sort
+	c        counters
 }
 
-func (r loadResult) throughput() float64 {
-	if r.elapsed <= 0 {
-		return 0
+func (r *result) record(status int, err error, lat time.Duration) {
+	r.requests++
+	if err != nil {
+		r.statuses[0]++
+		r.firstErr = cmp.Or(r.firstErr, err)
+		return
 	}
-	return float64(r.requests) / r.elapsed.Seconds()
+	r.statuses[status]++
+	r.lat = append(r.lat, lat)
+}
+
+// add folds q, another share of the same load, into r; sort sorts the
+// latencies once every share is in.
+func (r *result) add(q result) {
+	if r.statuses == nil {
+		r.statuses, r.c = map[int]int{}, counters{}
+	}
+	r.requests += q.requests
+	r.elapsed += q.elapsed
+	r.firstErr = cmp.Or(r.firstErr, q.firstErr)
+	for code, n := range q.statuses {
+		r.statuses[code] += n
+	}
+	r.lat = append(r.lat, q.lat...)
+	for k, v := range q.c {
+		r.c[k] += v
+	}
+}
+
+func (r *result) sort() { slices.Sort(r.lat) }
+
+// per is counter key per request.
+func (r *result) per(key string) float64 { return r.c[key] / float64(max(r.requests, 1)) }
+
+func (r *result) throughput() float64 {
+	return float64(r.requests) / max(r.elapsed.Seconds(), 1e-9)
 }
 
 // percentile returns the q-quantile (0 < q <= 1) of the latencies.
-func (r loadResult) percentile(q float64) time.Duration {
+func (r *result) percentile(q float64) time.Duration {
 	if len(r.lat) == 0 {
 		return 0
 	}
@@ -163,84 +178,46 @@ func (r loadResult) percentile(q float64) time.Duration {
 	return r.lat[min(max(i, 0), len(r.lat)-1)]
 }
 
-// unexpected counts answers other than want, and transport errors.
-func (r loadResult) unexpected(want int) int {
-	n := r.errors
-	for code, c := range r.statuses {
-		if code != want {
-			n += c
-		}
-	}
-	return n
-}
-
-// worker tallies one goroutine's share, merged at the end.
-type worker struct {
-	client   client
-	lat      []time.Duration
-	statuses map[int]int
-	errors   int
-	firstErr error
-}
-
-func (w *worker) record(status int, err error, lat time.Duration) {
-	if err != nil {
-		w.errors++
-		if w.firstErr == nil {
-			w.firstErr = err
-		}
-		return
-	}
-	w.statuses[status]++
-	w.lat = append(w.lat, lat)
-}
-
-func merge(workers []*worker, elapsed time.Duration) loadResult {
-	res := loadResult{elapsed: elapsed, statuses: map[int]int{}}
-	for _, w := range workers {
-		w.client.close()
-		res.lat = append(res.lat, w.lat...)
-		for code, n := range w.statuses {
-			res.statuses[code] += n
-			res.requests += n
-		}
-		res.errors += w.errors
-		res.requests += w.errors
-		if res.firstErr == nil {
-			res.firstErr = w.firstErr
-		}
-	}
-	slices.Sort(res.lat)
-	return res
-}
-
-// saturate runs conc closed-loop workers against addr for d, or until the
-// feed runs dry: the throughput the target sustains at that concurrency.
-func saturate(ctx context.Context, addr string, f *feed, conc int, d time.Duration) loadResult {
-	workers := make([]*worker, conc)
+// drive runs conns workers against addr, each on its own connection, until
+// next tells it to stop. next blocks until the worker may send, and returns
+// the moment its request's latency counts from.
+func drive(addr string, f *feed, conns, latCap int, next func() (time.Time, bool)) result {
+	res := make([]result, conns)
 	start := time.Now()
-	deadline := start.Add(d)
 	var wg sync.WaitGroup
-	for i := range workers {
-		w := &worker{client: client{addr: addr}, statuses: map[int]int{}, lat: make([]time.Duration, 0, 4096)}
-		workers[i] = w
+	for i := range res {
+		res[i] = result{statuses: map[int]int{}, lat: make([]time.Duration, 0, latCap)}
 		wg.Go(func() {
-			for ctx.Err() == nil {
-				t0 := time.Now()
-				if !t0.Before(deadline) {
-					return
-				}
+			c := client{addr: addr}
+			defer c.close()
+			for t, ok := next(); ok; t, ok = next() {
 				req, ok := f.take()
 				if !ok {
 					return
 				}
-				status, err := w.client.do(req)
-				w.record(status, err, time.Since(t0))
+				status, err := c.do(req)
+				res[i].record(status, err, time.Since(t))
 			}
 		})
 	}
 	wg.Wait()
-	return merge(workers, time.Since(start))
+	var total result
+	for _, r := range res {
+		total.add(r)
+	}
+	total.elapsed = time.Since(start)
+	total.sort()
+	return total
+}
+
+// saturate runs conc closed-loop workers against addr for d, or until the
+// feed runs dry: the throughput the target sustains at that concurrency.
+func saturate(ctx context.Context, addr string, f *feed, conc int, d time.Duration) result {
+	deadline := time.Now().Add(d)
+	return drive(addr, f, conc, 4096, func() (time.Time, bool) {
+		now := time.Now()
+		return now, now.Before(deadline) && ctx.Err() == nil
+	})
 }
 
 // fixedRate sends rate requests a second for d, spread evenly, on up to
@@ -250,35 +227,21 @@ func saturate(ctx context.Context, addr string, f *feed, conc int, d time.Durati
 // omission). It is not measured from the ideal send time, because Go's
 // timers sleep in whole milliseconds of epoll_wait and the release slips by
 // up to a millisecond; the schedule catches up, so the rate holds.
-func fixedRate(ctx context.Context, addr string, f *feed, conns, rate int, d time.Duration) loadResult {
+func fixedRate(ctx context.Context, addr string, f *feed, conns, rate int, d time.Duration) result {
 	n := int(d.Seconds() * float64(rate))
-	interval := time.Second / time.Duration(rate)
 	released := make(chan time.Time, n)
-	workers := make([]*worker, conns)
-	var wg sync.WaitGroup
-	for i := range workers {
-		w := &worker{client: client{addr: addr}, statuses: map[int]int{}, lat: make([]time.Duration, 0, n/conns+64)}
-		workers[i] = w
-		wg.Go(func() {
-			for t := range released {
-				req, ok := f.take()
-				if !ok {
-					return
-				}
-				status, err := w.client.do(req)
-				w.record(status, err, time.Since(t))
-			}
+	done := make(chan result)
+	go func() {
+		done <- drive(addr, f, conns, n/conns+64, func() (time.Time, bool) {
+			t, ok := <-released
+			return t, ok
 		})
-	}
-	start := time.Now().Add(5 * time.Millisecond)
+	}()
+	start := time.Now()
 	for i := 0; i < n && ctx.Err() == nil; i++ {
-		due := start.Add(time.Duration(i) * interval)
-		if wait := time.Until(due); wait > 0 {
-			time.Sleep(wait)
-		}
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 		released <- time.Now()
 	}
 	close(released)
-	wg.Wait()
-	return merge(workers, time.Since(start))
+	return <-done
 }

@@ -1,17 +1,17 @@
 // Command bench is the load harness behind `make bench`. From a clean clone
-// (Go, postgres, pgbench, redis-server and redis-benchmark installed,
-// nothing running) it starts throwaway Postgres and Redis, builds and
-// starts the service and two ceiling servers, drives them with pre-signed
-// Stripe events, runs pgbench and redis-benchmark on the service's own
-// upsert and claim script and the Go benchmarks, repeats first deliveries
-// on a durable Postgres, and writes the measured tables to
-// docs/bench-latest.md. docs/PERFORMANCE.md explains them.
+// (Go, postgres, pgbench and redis-server installed, nothing running) it
+// starts throwaway Postgres and Redis, builds and starts the service and
+// two ceiling servers, drives them with pre-signed Stripe events, runs
+// pgbench on the service's own upsert, and writes the measured tables to
+// docs/bench-latest.md. docs/PERFORMANCE.md explains them. It runs from the
+// module's root, as `go run ./tools/bench` does.
 //
-// Run as `bench ceiling -mode chi|intake -addr ...` it is a ceiling server.
+// Run as `bench ceiling chi|intake ADDR` it is a ceiling server.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,38 +30,31 @@ func main() {
 
 // options are the harness's flags.
 type options struct {
-	out         string
-	duration    time.Duration
-	warmup      time.Duration
-	concurrency int
-	rssConc     int
-	rate        int
-	rounds      int
-	goBin       string
-	benchtime   string
-	durable     bool
-	serviceEnv  string
+	out               string
+	duration, warmup  time.Duration
+	concurrency, rate int
+	rounds            int
+	goBin, serviceEnv string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "ceiling" {
-		return serveCeiling(ctx, args[1:])
+		return serveCeiling(args[1:])
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	fs.StringVar(&o.out, "out", "docs/bench-latest.md", "tables to write, relative to the module root (- for stdout)")
+	fs.StringVar(&o.out, "out", "docs/bench-latest.md", "file to write the tables to (- for stdout)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measured run")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each run")
-	fs.IntVar(&o.concurrency, "concurrency", 32, "requests in flight in saturation runs; also pgbench and redis-benchmark clients")
-	fs.IntVar(&o.rssConc, "rss-concurrency", 64, "duplicates in flight in the run after which peak RSS is read")
+	fs.IntVar(&o.concurrency, "concurrency", 32, "requests in flight in saturation runs; also pgbench's connections")
 	fs.IntVar(&o.rate, "rate", 1000, "requests a second in fixed-rate runs")
 	fs.IntVar(&o.rounds, "rounds", 2, "runs are split into this many interleaved rounds")
-	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service and run the Go benchmarks")
-	fs.StringVar(&o.benchtime, "benchtime", "500ms", "go test -benchtime for the Go benchmarks; empty skips them")
-	fs.BoolVar(&o.durable, "durable", true, "repeat first deliveries on Postgres with fsync and synchronous_commit on")
+	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service")
 	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. GOGC=200)")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if o.rounds < 1 || o.duration/time.Duration(o.rounds) < time.Second {
@@ -70,10 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	h, err := newHarness(o, stderr)
-	if err != nil {
-		return err
-	}
+	h := &harness{o: o, log: stderr, started: time.Now()}
 	defer h.close()
 	rep, err := h.measure(ctx)
 	if err != nil {

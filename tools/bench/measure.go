@@ -4,288 +4,204 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/munchable/munchable-webhooks/internal/claim"
-	"github.com/munchable/munchable-webhooks/internal/dbtest"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
+// rssConcurrency is how many duplicates are in flight in the last run,
+// after which the service's peak RSS is read. Keep it, and the runs before
+// it, as they are: the figure is compared across changes of the service.
+const rssConcurrency = 64
+
+// The loads of every round, in this order; they index report.runs.
+const (
+	firsts = iota
+	duplicates
+	rejections
+	chiCeiling
+	intakeCeiling
+	loads
+)
+
+// workload is one of the loads of a round: what is sent where, and the
+// answer every request should get.
+type workload struct {
+	target  target
+	feed    *feed
+	status  int
+	outcome string // counted by the service; "" for a ceiling
+}
+
 // report is everything one run measured.
 type report struct {
-	o         options
-	started   time.Time
-	took      time.Duration
-	goVersion string
-
-	pgVersion, redisVersion       string
-	fastSettings, durableSettings []string
-	eventBytes                    int
-	// [0] at saturation, [1] at the fixed rate.
-	first, dup, rejected, durable [2]*phase
-	chi, intake                   [2]*phase
-	pgbench, pgbenchDurable       pgbenchResult
-	redisBench                    redisBenchResult
-	peakRSS, peakRSSDurable       int64 // KiB, VmHWM
-	goBench                       string
+	o          options
+	started    time.Time
+	took       time.Duration
+	eventBytes int
+	runs       [2][loads]result // at saturation, at the fixed rate
+	upsert     pgbenchRun
+	peakRSS    int64 // KiB, VmHWM
 }
 
-// eventsFor is how many new events a saturation load of d (plus its
-// warm-ups) may need: 6,000 a second, more than a 2-core machine manages.
-func (h *harness) eventsFor(d time.Duration, slices int) int {
-	return int((d.Seconds() + float64(slices)*h.o.warmup.Seconds()) * 6000)
-}
-
-// rateEvents is how many new events one target's fixed-rate runs need.
-func (h *harness) rateEvents() int {
-	return int((h.o.duration.Seconds()+float64(h.o.rounds)*h.o.warmup.Seconds())*float64(h.o.rate)) + h.o.concurrency
-}
-
-// measure runs, in order: saturation and then the fixed rate, each in
-// interleaved rounds so that the machine's background load falls on every
-// target alike (the service's first deliveries, duplicates and rejected
-// deliveries; the chi and intake ceilings; pgbench on the upsert;
-// redis-benchmark on the claim script); duplicates at -rss-concurrency,
-// after which the service's peak RSS is read; the Go benchmarks; first
-// deliveries and pgbench again on a durable Postgres.
+// measure runs every load at saturation (and pgbench), then at the fixed
+// rate, each in interleaved rounds so that the machine's background load
+// falls on every target alike; then duplicates at rssConcurrency, after
+// which it reads the service's peak RSS.
 func (h *harness) measure(ctx context.Context) (*report, error) {
 	rep := &report{o: h.o, started: h.started}
+	events, err := loadFixture()
+	if err != nil {
+		return nil, err
+	}
+	rep.eventBytes = len(events)
 	if err := h.startServers(ctx); err != nil {
 		return nil, err
 	}
-	rep.goVersion, rep.eventBytes = h.goVersion, len(h.tmpl.body)
-	var err error
-	if rep.redisVersion, err = redisVersion(ctx, h.rdb); err != nil {
-		return nil, err
-	}
-	db, err := createBenchDatabase(ctx, h.pgPort, "bench")
+	svc, err := h.startService(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if rep.pgVersion, rep.fastSettings, err = showSettings(ctx, db); err != nil {
-		return nil, err
-	}
-	svc, err := h.startService(ctx, "service", "bench", h.pgPort)
+	chi, err := h.startCeiling("chi")
 	if err != nil {
 		return nil, err
 	}
-	h.onClose(svc.stop)
-	chi, err := h.startCeiling(ctx, "chi")
+	intake, err := h.startCeiling("intake")
 	if err != nil {
 		return nil, err
 	}
-	intake, err := h.startCeiling(ctx, "intake")
-	if err != nil {
-		return nil, err
-	}
-	sha, err := h.rdb.ScriptLoad(ctx, claim.ClaimLua).Result()
-	if err != nil {
-		return nil, err
-	}
-	if want := redis.NewScript(claim.ClaimLua).Hash(); sha != want {
-		return nil, fmt.Errorf("SCRIPT LOAD gave %s, go-redis hashes the claim script to %s", sha, want)
-	}
-	dupBody := h.tmpl.event("dup", 0)
-	if err := h.deliverOnce(svc.target, dupBody); err != nil {
-		return nil, err
+	dupBody := events.event("dup", 0)
+	once := &feed{reqs: [][]byte{request(dupBody, stripeSecret, time.Now())}}
+	if r := saturate(ctx, svc.addr, once, 1, time.Minute); r.statuses[200] != 1 {
+		return nil, fmt.Errorf("first delivery of the duplicate: %v, %v", r.statuses, r.firstErr)
 	}
 	h.logf("servers up")
 
-	// The same request again and again, signed afresh before each stage:
-	// signatures expire after the service's 300 s tolerance.
 	for i, fixed := range []bool{false, true} {
 		h.logf("%s: %d rounds of %s per target", []string{"saturation", "fixed rate"}[i], h.o.rounds, h.o.duration/time.Duration(h.o.rounds))
-		n := h.eventsFor(h.o.duration, h.o.rounds)
+		// Saturation needs at most 6,000 new events a second, more than a
+		// 2-core machine manages.
+		perSecond, secs := 6000, h.o.duration.Seconds()+float64(h.o.rounds)*h.o.warmup.Seconds()
 		if fixed {
-			if err := h.settlePostgres(ctx, "bench"); err != nil {
+			// So that the autovacuum and checkpoint the saturation runs
+			// trigger do not land in the fixed-rate runs' tail latency.
+			if err := adminExec(ctx, h.benchURL, "VACUUM (ANALYZE) entitlements", "CHECKPOINT"); err != nil {
 				return nil, err
 			}
-			n = h.rateEvents()
+			perSecond = h.o.rate
 		}
-		first := newFeed(h.tmpl.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n), false)
-		dup, bad, ceil := repeated(dupBody, stripeSecret), repeated(h.tmpl.event("bad", 0), wrongSecret), repeated(h.tmpl.event("ceiling", 0), stripeSecret)
-		runs := []func(context.Context, time.Duration) error{
-			h.slice(svc.target, "first", 200, first, fixed, &rep.first[i]),
-			h.slice(svc.target, "duplicate", 200, dup, fixed, &rep.dup[i]),
-			h.slice(svc.target, "rejected", 400, bad, fixed, &rep.rejected[i]),
-			h.slice(chi, "chi", 200, ceil, fixed, &rep.chi[i]),
-			h.slice(intake, "intake", 200, ceil, fixed, &rep.intake[i]),
+		// Every stage signs its requests afresh: signatures expire after
+		// the service's 300 s tolerance.
+		n := int(secs*float64(perSecond)) + h.o.concurrency
+		ceil := repeated(events.event("ceiling", 0), stripeSecret)
+		runs := [loads]workload{
+			firsts:        {svc, &feed{reqs: events.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n)}, 200, "processed"},
+			duplicates:    {svc, repeated(dupBody, stripeSecret), 200, "duplicate"},
+			rejections:    {svc, repeated(events.event("bad", 0), wrongSecret), 400, "rejected"},
+			chiCeiling:    {chi, ceil, 200, ""},
+			intakeCeiling: {intake, ceil, 200, ""},
 		}
-		if !fixed {
-			runs = append(runs, h.pgbenchSlice("bench", &rep.pgbench), h.claimSlice(sha, &rep.redisBench))
+		for range h.o.rounds {
+			d := h.o.duration / time.Duration(h.o.rounds)
+			for j, w := range runs {
+				res, err := h.runPhase(ctx, w, j, fixed, d)
+				if err != nil {
+					return nil, err
+				}
+				rep.runs[i][j].add(res)
+				rep.runs[i][j].sort()
+			}
+			if !fixed {
+				if err := h.pgbench(ctx, entitlements.ApplySQL, d, &rep.upsert); err != nil {
+					return nil, err
+				}
+			}
 		}
-		if err := h.interleave(ctx, runs...); err != nil {
-			return nil, err
-		}
-		checkOutcome(rep.first[i], "processed")
-		checkOutcome(rep.dup[i], "duplicate")
-		checkOutcome(rep.rejected[i], "rejected")
 	}
 
-	h.logf("%d duplicates in flight, for peak RSS", h.o.rssConc)
-	saturate(ctx, svc.addr, repeated(dupBody, stripeSecret), h.o.rssConc, 3*time.Second)
-	if rep.peakRSS, err = procStatusKiB(svc.pid, "VmHWM"); err != nil {
+	h.logf("%d duplicates in flight, for peak RSS", rssConcurrency)
+	saturate(ctx, svc.addr, repeated(dupBody, stripeSecret), rssConcurrency, 3*time.Second)
+	if rep.peakRSS, err = peakRSS(svc.pid); err != nil {
 		return nil, err
-	}
-	if err := svc.stop(); err != nil {
-		return nil, err
-	}
-	if h.o.benchtime != "" {
-		h.logf("go test -bench")
-		env := []string{dbtest.DatabaseURLEnv + "=" + h.pg.URL(), dbtest.RedisURLEnv + "=" + h.redis.URL()}
-		if rep.goBench, err = runGoBenchmarks(ctx, h.o.goBin, h.root, env, h.o.benchtime); err != nil {
-			return nil, err
-		}
-	}
-	if h.o.durable {
-		if err := h.durableRun(ctx, rep); err != nil {
-			return nil, err
-		}
 	}
 	rep.took = time.Since(h.started)
 	return rep, nil
 }
 
-// durableRun restarts Postgres with fsync and synchronous_commit on, and
-// measures first deliveries and the pgbench ceiling again, interleaved.
-func (h *harness) durableRun(ctx context.Context, rep *report) error {
-	h.logf("restarting postgres with durable settings")
-	if err := h.pg.Stop(); err != nil {
-		return err
+// snapshot reads every counter a result is the difference of; the
+// service's metrics and statements only for the service.
+func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
+	c := counters{}
+	var err error
+	if t.service {
+		if c, err = settledMetrics("http://" + t.addr + "/metrics"); err != nil {
+			return nil, err
+		}
+		if c[pgStatements], err = statements(ctx, h.admin, benchDB); err != nil {
+			return nil, err
+		}
 	}
-	pgc, err := launchDurablePostgres(h.pgDir, h.pgPort)
+	if c[roundTrips], err = redisRoundTrips(ctx, h.rdb); err != nil {
+		return nil, err
+	}
+	_, own, _, err := procStat(t.pid)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	h.onClose(func() error { return pgc.stop(syscall.SIGINT, 30*time.Second) })
-	const db = "bench_durable"
-	url, err := createBenchDatabase(ctx, h.pgPort, db)
-	if err != nil {
-		return err
-	}
-	if _, rep.durableSettings, err = showSettings(ctx, url); err != nil {
-		return err
-	}
-	svc, err := h.startService(ctx, "service-durable", db, h.pgPort)
-	if err != nil {
-		return err
-	}
-	h.onClose(svc.stop)
-	first := newFeed(h.tmpl.firstDeliveries(stripeSecret, "ds", h.eventsFor(h.o.duration, h.o.rounds)), false)
-	if err := h.interleave(ctx, h.slice(svc.target, "first", 200, first, false, &rep.durable[0]), h.pgbenchSlice(db, &rep.pgbenchDurable)); err != nil {
-		return err
-	}
-	if err := h.settlePostgres(ctx, db); err != nil {
-		return err
-	}
-	first = newFeed(h.tmpl.firstDeliveries(stripeSecret, "dr", h.rateEvents()), false)
-	if err := h.interleave(ctx, h.slice(svc.target, "first", 200, first, true, &rep.durable[1])); err != nil {
-		return err
-	}
-	checkOutcome(rep.durable[0], "processed")
-	checkOutcome(rep.durable[1], "processed")
-	if rep.peakRSSDurable, err = procStatusKiB(svc.pid, "VmHWM"); err != nil {
-		return err
-	}
-	return svc.stop()
+	all, err := ourCPU()
+	c[targetCPU], c[allCPU] = float64(own), float64(all)
+	return c, err
 }
 
-// settlePostgres vacuums and analyses the entitlements table and takes a
-// checkpoint, so that the autovacuum and checkpoint the saturation runs
-// trigger do not land in the fixed-rate run's tail latency.
-func (h *harness) settlePostgres(ctx context.Context, db string) error {
-	return adminExec(ctx, postgresURL(h.pgPort, db), "VACUUM (ANALYZE) entitlements", "CHECKPOINT")
+// delta is what a run cost: the difference of the snapshots around it,
+// less the reply to the INFO that read before's round trips.
+func delta(before, after counters) counters {
+	d := counters{}
+	for k, v := range after {
+		d[k] = v - before[k]
+	}
+	d[roundTrips]--
+	return d
 }
 
-// deliverOnce delivers body once and wants it processed.
-func (h *harness) deliverOnce(t target, body []byte) error {
-	c := client{addr: t.addr}
-	defer c.close()
-	status, err := c.do(request(body, stripeSecret, time.Now()))
-	if err != nil || status != 200 {
-		return fmt.Errorf("first delivery of the duplicate: %d, %v", status, err)
+// runPhase warms the target up with the same load for o.warmup, then
+// measures a run of d between two snapshots.
+func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool, d time.Duration) (result, error) {
+	load := func(d time.Duration) result {
+		if fixed {
+			return fixedRate(ctx, w.target.addr, w.feed, h.o.concurrency, h.o.rate, d)
+		}
+		return saturate(ctx, w.target.addr, w.feed, h.o.concurrency, d)
 	}
-	return nil
+	load(h.o.warmup)
+	before, err := h.snapshot(ctx, w.target)
+	if err != nil {
+		return result{}, err
+	}
+	res := load(d)
+	after, err := h.snapshot(ctx, w.target) // fails too once ctx is done
+	if err != nil {
+		return result{}, err
+	}
+	res.c = delta(before, after)
+	h.logf("%-37s %6.0f req/s  p50 %6s  p99 %6s ms  cpu %4.0f µs/req  all %4.0f µs/req",
+		label(kind), res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)), res.per(targetCPU)/1e3, res.per(allCPU)/1e3)
+	// Figures of a run that did not do what it was meant to are not
+	// figures: fail the bench rather than report them.
+	if n := res.requests - res.statuses[w.status]; n > 0 {
+		return result{}, fmt.Errorf("%s: %d of %d answers were not %d (%v; first error: %v)", label(kind), n, res.requests, w.status, res.statuses, res.firstErr)
+	}
+	counted := res.c[`webhook_deliveries_total{outcome="`+w.outcome+`",provider="stripe"}`]
+	if w.outcome != "" && (int(counted) != res.requests || delivered(res.c) != counted) {
+		return result{}, fmt.Errorf("%s: of %d requests the service counted %.0f deliveries, %.0f %s", label(kind), res.requests, delivered(res.c), counted, w.outcome)
+	}
+	return res, nil
 }
 
 // repeated is a feed of one request, body signed now with secret, sent
 // over and over.
 func repeated(body []byte, secret string) *feed {
-	return newFeed([][]byte{request(body, secret, time.Now())}, true)
+	return &feed{reqs: [][]byte{request(body, secret, time.Now())}, cycle: true}
 }
 
-// interleave runs o.rounds rounds of every run, each for a slice of
-// o.duration, so that a change in the machine's background load falls on
-// every target alike instead of on whichever ran at the time.
-func (h *harness) interleave(ctx context.Context, runs ...func(context.Context, time.Duration) error) error {
-	slice := h.o.duration / time.Duration(h.o.rounds)
-	for range h.o.rounds {
-		for _, run := range runs {
-			if err := run(ctx, slice); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// slice is one target's share of a round, added to dst.
-func (h *harness) slice(t target, kind string, want int, f *feed, fixed bool, dst **phase) func(context.Context, time.Duration) error {
-	return func(ctx context.Context, d time.Duration) error {
-		p, err := h.runPhase(ctx, t, kind, want, f, fixed, d)
-		if err != nil {
-			return err
-		}
-		*dst = (*dst).add(p)
-		return nil
-	}
-}
-
-// pgbenchSlice runs pgbench on the service's upsert (entitlements.ApplySQL)
-// for one slice.
-func (h *harness) pgbenchSlice(db string, dst *pgbenchResult) func(context.Context, time.Duration) error {
-	return func(ctx context.Context, d time.Duration) error {
-		res, err := pgbench(ctx, h.pgBin, h.work, h.pgPort, db, entitlements.ApplySQL, h.o.concurrency, d)
-		if err != nil {
-			return err
-		}
-		dst.add(res)
-		h.logf("pgbench %-13s upsert saturation %6.0f tps  latency %.2f ms  cpu %.0f µs/tx", db, res.tps, res.latencyMS, micros(res.cpuPerTx()))
-		return nil
-	}
-}
-
-// claimSlice runs redis-benchmark on the claim script for about one slice.
-func (h *harness) claimSlice(sha string, dst *redisBenchResult) func(context.Context, time.Duration) error {
-	runs := 0
-	return func(ctx context.Context, d time.Duration) error {
-		res, err := runRedisBenchmark(ctx, h.redis.Addr(), sha, h.o.concurrency, int(d.Seconds()*12000))
-		if err != nil {
-			return err
-		}
-		n := float64(runs)
-		dst.rps = (dst.rps*n + res.rps) / (n + 1)
-		dst.cpu = time.Duration((float64(dst.cpu)*n + float64(res.cpu)) / (n + 1))
-		dst.p50, dst.p99 = res.p50, res.p99 // the last run's
-		runs++
-		h.logf("redis-benchmark claim saturation %6.0f calls/s  cpu %.0f µs/call", res.rps, micros(res.cpu))
-		return nil
-	}
-}
-
-func redisVersion(ctx context.Context, rdb *redis.Client) (string, error) {
-	info, err := rdb.Info(ctx, "server").Result()
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
-			return v, nil
-		}
-	}
-	return "unknown", nil
-}
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) }

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+// Secrets of the throwaway service; the "wrong" one signs the rejected
+// deliveries.
+const (
+	stripeSecret = "whsec_bench_stripe"
+	wrongSecret  = "whsec_bench_wrong"
+)
+
+// benchDB is the database the service writes to and pgbench runs in.
+const benchDB = "bench"
+
+// harness owns everything one bench run starts, and stops it in close.
+type harness struct {
+	o       options
+	log     io.Writer
+	started time.Time
+	work    string // temporary files, removed in close
+	stops   []func() error
+
+	redis    *dbtest.RedisServer
+	rdb      *redis.Client
+	pg       *dbtest.PostgresServer
+	admin    *pgx.Conn // to the postgres database
+	benchURL string    // of benchDB
+}
+
+func (h *harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.log, "bench %5.1fs: "+format+"\n", append([]any{time.Since(h.started).Seconds()}, args...)...)
+}
+
+func (h *harness) onClose(stop func() error) { h.stops = append(h.stops, stop) }
+
+// close stops what was started, last first.
+func (h *harness) close() {
+	for _, stop := range slices.Backward(h.stops) {
+		if err := stop(); err != nil {
+			h.logf("cleanup: %v", err)
+		}
+	}
+}
+
+// startServers starts Redis, and Postgres with pg_stat_statements loaded
+// (it must be preloaded, so the server is restarted once). Their directory
+// is the harness's own: under root, postgres runs as user postgres and must
+// be able to reach it.
+func (h *harness) startServers(ctx context.Context) error {
+	var err error
+	if h.work, err = os.MkdirTemp("", "bench-"); err != nil {
+		return err
+	}
+	h.onClose(func() error { return os.RemoveAll(h.work) })
+	port, err := dbtest.FreePort()
+	if err != nil {
+		return err
+	}
+	if h.redis, err = dbtest.LaunchRedis(h.work, port); err != nil {
+		return err
+	}
+	h.onClose(h.redis.Stop)
+	h.rdb = redis.NewClient(&redis.Options{Addr: h.redis.Addr()})
+	h.onClose(h.rdb.Close)
+	if port, err = dbtest.FreePort(); err != nil {
+		return err
+	}
+	if h.pg, err = dbtest.LaunchPostgres(h.work, port); err != nil {
+		return err
+	}
+	h.onClose(h.pg.Stop)
+	if err := adminExec(ctx, h.pg.URL(), "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"); err != nil {
+		return err
+	}
+	if err := errors.Join(h.pg.Stop(), h.pg.Restart()); err != nil {
+		return err
+	}
+	if h.admin, err = pgx.Connect(ctx, h.pg.URL()); err != nil {
+		return err
+	}
+	h.onClose(func() error { return h.admin.Close(context.Background()) })
+	h.benchURL = strings.Replace(h.pg.URL(), "/postgres?", "/"+benchDB+"?", 1)
+	// The service applies its migrations when it starts. The harness reads
+	// the statistics from the postgres database, so that its own queries
+	// are not counted in the service's.
+	return adminExec(ctx, h.pg.URL(), "CREATE EXTENSION pg_stat_statements", "CREATE DATABASE "+benchDB)
+}
+
+func adminExec(ctx context.Context, url string, stmts ...string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
+}
+
+// target is a server under load: the service or a ceiling.
+type target struct {
+	addr    string
+	pid     int
+	service bool // has /metrics and writes to benchDB
+}
+
+// startService builds the service and starts it as operators run it, with
+// LOG_LEVEL=warn: deliveries that succeed or are duplicates then log
+// nothing, rejected ones still log their warning line.
+func (h *harness) startService(ctx context.Context) (target, error) {
+	bin := filepath.Join(h.work, "munchable-webhooks")
+	if out, err := exec.CommandContext(ctx, h.o.goBin, "build", "-o", bin, "./cmd/munchable-webhooks").CombinedOutput(); err != nil {
+		return target{}, fmt.Errorf("go build ./cmd/munchable-webhooks: %w\n%s", err, out)
+	}
+	env := []string{
+		"DATABASE_URL=" + h.benchURL,
+		"REDIS_URL=" + h.redis.URL(),
+		"STRIPE_WEBHOOK_SECRET=" + stripeSecret,
+		"RESEND_WEBHOOK_SECRET=whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==",
+		"RESEND_API_KEY=re_bench_only",
+		"SUPPORT_INBOUND_ADDRESSES=support@munchable.app",
+		"LOG_LEVEL=warn",
+	}
+	if h.o.serviceEnv != "" {
+		env = append(env, strings.Split(h.o.serviceEnv, ",")...)
+	}
+	t, err := h.start("service", "/readyz", func(addr string) *exec.Cmd {
+		cmd := exec.Command(bin, "serve")
+		cmd.Env = append(env, "LISTEN_ADDR="+addr)
+		return cmd
+	})
+	t.service = true
+	return t, err
+}
+
+// startCeiling starts this binary as a ceiling server.
+func (h *harness) startCeiling(mode string) (target, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return target{}, err
+	}
+	return h.start("ceiling-"+mode, "/healthz", func(addr string) *exec.Cmd {
+		return exec.Command(self, "ceiling", mode, addr)
+	})
+}
+
+// start finds a free port and runs the command made to listen on it, with
+// PATH added to the command's own environment and its output in a log
+// file, until close; it waits until the command answers 200 on readyPath.
+func (h *harness) start(name, readyPath string, command func(addr string) *exec.Cmd) (target, error) {
+	port, err := dbtest.FreePort()
+	if err != nil {
+		return target{}, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cmd := command(addr)
+	cmd.Env = append(cmd.Env, "PATH="+os.Getenv("PATH"))
+	logPath := filepath.Join(h.work, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return target{}, err
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Killed with the harness, should it die first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return target{}, fmt.Errorf("start %s: %w", name, err)
+	}
+	h.onClose(func() error {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait() // a ceiling dies of the signal
+		return nil
+	})
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + addr + readyPath); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return target{addr: addr, pid: cmd.Process.Pid}, nil
+			}
+		}
+	}
+	// The log goes with the temporary directory: show its end now.
+	log, _ := os.ReadFile(logPath)
+	return target{}, fmt.Errorf("%s not ready after 60s:\n%s", name, log[max(0, len(log)-3000):])
+}
