@@ -90,17 +90,16 @@ func (s *Store) Key(provider, eventID string) string {
 // failuresKey counts an event's failed attempts, beside its claim key.
 func failuresKey(key string) string { return key + ":failures" }
 
-// ClaimLua is the claim script's source; tools/bench runs it under
-// redis-benchmark. It takes the claim or reports what holds the key, in one
-// round trip: SET NX, else the existing value and its remaining TTL.
-const ClaimLua = `
+// claimLua takes the claim or reports what holds the key, in one round
+// trip: SET NX, else the existing value and its remaining TTL.
+const claimLua = `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
 end
 return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
 `
 
-var claimScript = redis.NewScript(ClaimLua)
+var claimScript = redis.NewScript(claimLua)
 
 // releaseScript deletes the key only while it still holds the caller's own
 // processing claim: a claim that expired and was taken by another delivery,
