@@ -59,7 +59,9 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	dbEnv := fs.String("database-env", dbtest.DatabaseURLEnv, "variable that names the Postgres URL: reused when set, else set to a throwaway server's")
 	redisEnv := fs.String("redis-env", dbtest.RedisURLEnv, "variable that names the Redis URL: reused when set, else set to a throwaway server's")
 	envFile := fs.String("env-file", "", "file to write both variables to, for `set -a; . FILE` in another shell; removed when the servers stop")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0, nil // -h is an answer, not a failure
+	} else if err != nil {
 		return 2, err
 	}
 	args = fs.Args()

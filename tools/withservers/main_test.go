@@ -157,3 +157,26 @@ func TestCtrlCReachesCommandBeforeServers(t *testing.T) {
 		t.Errorf("env file still there after the servers stopped (%v)", err)
 	}
 }
+
+// -h answers with the flags and exit 0; a wrong command line is exit 2,
+// and neither starts a server.
+func TestHelpAndMisuse(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"-h"}, 0},
+		{[]string{"--help"}, 0},
+		{[]string{"-no-such-flag", "--", "true"}, 2},
+		{nil, 2},
+	} {
+		var out strings.Builder
+		code, _ := run(tt.args, nil, nil, &out, &out)
+		if code != tt.want {
+			t.Errorf("withservers %q: exit %d, want %d", tt.args, code, tt.want)
+		}
+		if strings.Contains(out.String(), "started") {
+			t.Errorf("withservers %q started a server:\n%s", tt.args, out.String())
+		}
+	}
+}
