@@ -1,6 +1,7 @@
 // Package stripetest is test support: a fake of the few Stripe API routes
-// the service calls (retrieve and list subscriptions, list events, list a
-// customer's active entitlements), served by httptest, holding the raw
+// the service calls (retrieve and list subscriptions, list a subscription's
+// items, list events, list a customer's active entitlements), served by
+// httptest, holding the raw
 // JSON objects a test puts in it. It answers the request shapes stripe-go
 // sends, which stripetest_test.go checks against stripe-mock, paginates
 // and filters as Stripe documents, fails on demand and counts calls.
@@ -27,6 +28,7 @@ const Key = "sk_test_stripetest"
 const (
 	RetrieveSubscription   = "GET /v1/subscriptions/{id}"
 	ListSubscriptions      = "GET /v1/subscriptions"
+	ListSubscriptionItems  = "GET /v1/subscription_items"
 	ListEvents             = "GET /v1/events"
 	ListActiveEntitlements = "GET /v1/entitlements/active_entitlements"
 )
@@ -52,6 +54,7 @@ type object struct {
 	Type      string `json:"type"`   // events
 	delivered bool   // events: every webhook delivery succeeded
 	raw       json.RawMessage
+	items     []object // subscriptions: every item, where raw embeds the first page
 }
 
 // New starts a fake API, closed in t.Cleanup.
@@ -61,6 +64,7 @@ func New(t testing.TB) *API {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/subscriptions/{id}", a.route(RetrieveSubscription, a.retrieveSubscription))
 	mux.HandleFunc("GET /v1/subscriptions", a.route(ListSubscriptions, a.listSubscriptions))
+	mux.HandleFunc("GET /v1/subscription_items", a.route(ListSubscriptionItems, a.listSubscriptionItems))
 	mux.HandleFunc("GET /v1/events", a.route(ListEvents, a.listEvents))
 	mux.HandleFunc("GET /v1/entitlements/active_entitlements", a.route(ListActiveEntitlements, a.listActiveEntitlements))
 	a.srv = httptest.NewServer(mux)
@@ -74,10 +78,22 @@ func (a *API) URL() *url.URL {
 	return u
 }
 
-// PutSubscription stores a subscription object, replacing the one with the
-// same id.
+// PutSubscription stores a subscription object with all its items,
+// replacing the one with the same id. Answers embed its items as Stripe
+// does (Embed), and list them all on GET /v1/subscription_items.
 func (a *API) PutSubscription(raw []byte) {
-	o := decode(raw)
+	var sub struct {
+		Items struct {
+			Data []json.RawMessage `json:"data"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &sub); err != nil {
+		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
+	}
+	o := decode(Embed(raw))
+	for _, it := range sub.Items.Data {
+		o.items = append(o.items, decode(it))
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == o.ID }); i >= 0 {
@@ -219,6 +235,24 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep))
+}
+
+// listSubscriptionItems lists a subscription's items in their order;
+// Stripe requires the subscription.
+func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("subscription")
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: subscription.")
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == id })
+	if i < 0 {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "No such subscription: '"+id+"'")
+		return
+	}
+	a.writeList(w, r, "/v1/subscription_items", a.subscriptions[i].items)
 }
 
 // listEvents filters by type (types[] or type), created[gte|gt|lte|lt] and
