@@ -246,7 +246,7 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 		if err != nil {
 			return n, err
 		}
-		res, err := store.ApplyFeatures(ctx, c, keys, true, l.TakenAt(), "")
+		res, err := store.ApplyFeatures(ctx, c, keys, true, l.TakenAt())
 		if err != nil {
 			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
 		}
