@@ -251,10 +251,15 @@ func TestCorpusFeatures(t *testing.T) {
 		}
 		fake.SetActiveEntitlements("cus_QmunchableCust03", ents...)
 		h := newHarness(t, options{api: api})
+		// Rate limited once: the listing backs off and asks again.
+		fake.FailNext(1, http.StatusTooManyRequests)
 		assertAnswer(t, h.post(t, corpus(t, "entitlements.active_entitlement_summary.updated.truncated.json"), time.Now()), 200, "first")
 		keys, complete := read(h, "cus_QmunchableCust03")
 		if !cmp.Equal(keys, []string{"api_access", "audit_log", "exports", "sso"}) || !complete {
 			t.Errorf("stored %v complete=%v, want the full list, complete", keys, complete)
+		}
+		if n := fake.Calls(stripetest.ListActiveEntitlements); n != 2 {
+			t.Errorf("active entitlements listed %d times, want 2 (a 429, then the list)", n)
 		}
 	})
 }
