@@ -206,13 +206,29 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request)) htt
 func (a *API) retrieveSubscription(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id := r.PathValue("id")
+	if s, ok := a.subscription(w, r.PathValue("id")); ok {
+		writeJSON(w, s.raw)
+	}
+}
+
+// subscription finds a stored subscription, or answers Stripe's 404. The
+// caller holds a.mu.
+func (a *API) subscription(w http.ResponseWriter, id string) (object, bool) {
 	i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == id })
 	if i < 0 {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "No such subscription: '"+id+"'")
-		return
+		return object{}, false
 	}
-	writeJSON(w, a.subscriptions[i].raw)
+	return a.subscriptions[i], true
+}
+
+// required reads a query parameter Stripe requires, or answers its 400.
+func required(w http.ResponseWriter, r *http.Request, name string) (string, bool) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: "+name+".")
+	}
+	return v, v != ""
 }
 
 // listSubscriptions filters by status as Stripe documents it: no status
@@ -240,19 +256,15 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 // listSubscriptionItems lists a subscription's items in their order;
 // Stripe requires the subscription.
 func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
-	id := r.URL.Query().Get("subscription")
-	if id == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: subscription.")
+	id, ok := required(w, r, "subscription")
+	if !ok {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == id })
-	if i < 0 {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "No such subscription: '"+id+"'")
-		return
+	if s, ok := a.subscription(w, id); ok {
+		a.writeList(w, r, "/v1/subscription_items", s.items)
 	}
-	a.writeList(w, r, "/v1/subscription_items", a.subscriptions[i].items)
 }
 
 // listEvents filters by type (types[] or type), created[gte|gt|lte|lt] and
@@ -282,9 +294,8 @@ func (a *API) listEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
-	customer := r.URL.Query().Get("customer")
-	if customer == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: customer.")
+	customer, ok := required(w, r, "customer")
+	if !ok {
 		return
 	}
 	a.mu.Lock()
