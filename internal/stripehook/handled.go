@@ -24,25 +24,32 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, id := h.Data, h.ID
+	// Only an object whose list was cut is kept for the apply: every
+	// other delivery keeps nothing more than it did.
+	var cut *subscriptionJSON
+	if s.Items.HasMore {
+		c := s
+		cut = &c
+	}
+	raw, id, creation := h.Data, h.ID, h.Type == "customer.subscription.created"
 	return func(ctx context.Context) (entitlements.Result, error) {
-		s, sub := s, sub
+		sub, complete := sub, cut == nil
 		var full []itemJSON // the item list as listed in full; nil when not listed
-		truncated := s.Items.HasMore
-		if truncated && r.api != nil {
-			var err error
-			if err = r.lister().completeItems(ctx, &s); err == nil {
+		if cut != nil && r.api != nil {
+			s := *cut
+			err := r.lister().completeItems(ctx, &s)
+			if err == nil {
 				sub, err = s.stored()
 			}
 			if err != nil {
 				return entitlements.Result{}, err
 			}
-			full, truncated = s.Items.Data, false
+			full, complete = s.Items.Data, true
 		}
 		ev := entitlements.Event{
 			ID:       id,
 			Created:  at,
-			Creation: h.Type == "customer.subscription.created",
+			Creation: creation,
 			Before: func() (entitlements.Subscription, error) {
 				object, previous, err := objectOf[json.RawMessage](raw)
 				if err != nil {
@@ -52,7 +59,7 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 			},
 		}
 		res, err := r.store.Apply(ctx, sub, ev, r.fetch())
-		if err == nil && truncated && res.Applied {
+		if err == nil && !complete && res.Applied {
 			r.itemsIncomplete.Inc()
 			r.logger.Warn("subscription stored with the items the event carried: Stripe cut the list short and no STRIPE_API_KEY is set to list the rest",
 				"event_id", id, "subscription_id", sub.ID, "items", len(sub.Items))
