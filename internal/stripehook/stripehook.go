@@ -1,7 +1,9 @@
 // Package stripehook receives Stripe events: it verifies each delivery's
 // signature, reads the handled event types defensively across API
 // versions, and hands them to the claim flow to become entitlements,
-// features and checkout sessions.
+// features and checkout sessions. It is also where the service reads
+// Stripe's API (NewAPI, Lister): to settle what a payload cannot, complete
+// truncated lists, and for stripe sync and replay.
 package stripehook
 
 import (
