@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -17,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
-	"github.com/stripe/stripe-go/v79/form"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -181,30 +178,31 @@ func (n syncCounts) String() string {
 // or later, so a webhook applied during the sync is never overwritten by
 // the older state a page carried; a second sync rewrites the same state.
 func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, logger *slog.Logger, stderr io.Writer) (n syncCounts, err error) {
-	l := newLister(ctx, api)
-	defer func() { n.requests = l.requests }()
+	l := stripehook.NewLister(api)
+	defer func() { n.requests = l.Requests() }()
 
 	params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
 	params.Limit = stripe.Int64(100)
-	it := l.list("/v1/subscriptions", params)
 	subs := newProgress(stderr, "stripe sync: subscriptions", 0)
 	seen := map[string]bool{}
 	var customers []string
-	for it.Next() {
-		o := it.Current().(*rawObject)
+	err = l.List(ctx, "/v1/subscriptions", params, func(id string, raw []byte) error {
 		subs.step()
 		n.subscriptions++
-		sub, err := stripehook.DecodeSubscription(o.JSON)
+		sub, err := l.Subscription(ctx, raw)
+		if err != nil && !errors.Is(err, stripehook.ErrUnreadable) {
+			return err // the API failed listing its items
+		}
 		if err != nil {
 			// One unreadable object should not stop the rest; the summary
 			// counts it and the exit status says so.
 			n.invalid++
-			logger.Error("sync: unreadable subscription", "subscription_id", o.ID, "err", err)
-			continue
+			logger.Error("sync: unreadable subscription", "subscription_id", id, "err", err)
+			return nil
 		}
-		res, err := store.ApplySnapshot(ctx, sub, l.takenAt)
+		res, err := store.ApplySnapshot(ctx, sub, l.TakenAt())
 		if err != nil {
-			return n, fmt.Errorf("store subscription %s: %w", sub.ID, err)
+			return fmt.Errorf("store subscription %s: %w", sub.ID, err)
 		}
 		if res.Stale {
 			n.subscriptionsKept++
@@ -213,8 +211,9 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 			seen[sub.CustomerID] = true
 			customers = append(customers, sub.CustomerID)
 		}
-	}
-	if err := it.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return n, fmt.Errorf("list subscriptions: %w", err)
 	}
 
@@ -228,11 +227,11 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 			n.skippedCustomers++
 			continue
 		}
-		keys, err := l.lookupKeys(c)
+		keys, err := l.LookupKeys(ctx, c)
 		if err != nil {
 			return n, err
 		}
-		res, err := store.ApplyFeatures(ctx, c, keys, true, l.takenAt, "")
+		res, err := store.ApplyFeatures(ctx, c, keys, true, l.TakenAt())
 		if err != nil {
 			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
 		}
@@ -272,15 +271,15 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 	// fingerprint would report every duplicate as an id reused with
 	// another body.
 	var done *progress
-	replay := func(o *rawObject) {
+	replay := func(id string, raw []byte) error {
 		done.step()
 		n.listed++
 		var res entitlements.Result
-		ev, err := receiver.Event(o.JSON, func(r entitlements.Result) { res = r })
+		ev, err := receiver.Event(raw, func(r entitlements.Result) { res = r })
 		if err != nil {
 			n.failed++
-			logger.Error("replay: unreadable event", "event_id", o.ID, "err", err)
-			return
+			logger.Error("replay: unreadable event", "event_id", id, "err", err)
+			return nil
 		}
 		outcome, _ := ep.Process(ctx, nil, ev) // the flow logs each outcome
 		switch {
@@ -299,9 +298,10 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 		default:
 			n.failed++
 		}
+		return nil
 	}
-	l := newLister(ctx, api)
-	defer func() { n.requests = l.requests }()
+	l := stripehook.NewLister(api)
+	defer func() { n.requests = l.Requests() }()
 	params := func() *stripe.EventListParams {
 		p := &stripe.EventListParams{
 			Types:        stripe.StringSlice(stripehook.HandledTypes()),
@@ -314,29 +314,26 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 		return p
 	}
 
-	var oldest *rawObject
+	var oldestID string
+	var oldest []byte
 	total := 0
-	it := l.list("/v1/events", params())
-	for it.Next() {
-		oldest = it.Current().(*rawObject)
+	err = l.List(ctx, "/v1/events", params(), func(id string, raw []byte) error {
+		oldestID, oldest = id, raw
 		total++
-	}
-	if err := it.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return n, fmt.Errorf("list events: %w", err)
 	}
 	if oldest == nil {
 		return n, nil
 	}
 	done = newProgress(stderr, "stripe replay: events", total)
-	replay(oldest)
+	_ = replay(oldestID, oldest)
 	p := params()
-	p.EndingBefore = stripe.String(oldest.ID)
-	it = l.list("/v1/events", p)
-	for it.Next() {
-		replay(it.Current().(*rawObject))
-	}
-	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("list events after %s: %w", oldest.ID, err)
+	p.EndingBefore = stripe.String(oldestID)
+	if err := l.List(ctx, "/v1/events", p, replay); err != nil {
+		return n, fmt.Errorf("list events after %s: %w", oldestID, err)
 	}
 	// An event another attempt holds is not done: after an outage its
 	// holder may be a dead process, and Stripe may have stopped retrying.
@@ -344,114 +341,6 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 		return n, fmt.Errorf("%d events failed (logged above) and %d were held by another attempt; replay again once their claims end (claims stuck): done ones are duplicates", n.failed, n.inProgress)
 	}
 	return n, nil
-}
-
-// rawObject is one object of a list page as Stripe sent it: the service
-// decodes it with its own rules, since stripe-go's types are pinned to one
-// API version.
-type rawObject struct {
-	ID   string
-	JSON []byte
-}
-
-func (o *rawObject) UnmarshalJSON(b []byte) error {
-	var head struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(b, &head); err != nil {
-		return err
-	}
-	o.ID, o.JSON = head.ID, slices.Clone(b)
-	return nil
-}
-
-type rawList struct {
-	stripe.APIResource
-	stripe.ListMeta
-	Data []*rawObject `json:"data"`
-}
-
-// lister pages through Stripe lists with stripe-go's iterator, counting
-// requests and noting Stripe's clock at the first answer.
-type lister struct {
-	ctx      context.Context
-	backend  stripe.Backend
-	key      string
-	requests int
-	takenAt  time.Time // the first answer's Date, to the second
-}
-
-func newLister(ctx context.Context, api *client.API) *lister {
-	return &lister{ctx: ctx, backend: api.Subscriptions.B, key: api.Subscriptions.Key}
-}
-
-// rateLimitRetries is how often a rate-limited page is asked again, after
-// 1, 2, 4, 8 and 16 s: stripe-go retries a 500 itself, but not a 429 that
-// is a rate limit (https://docs.stripe.com/rate-limits advises backing off).
-const rateLimitRetries = 5
-
-func (l *lister) list(path string, params stripe.ListParamsContainer) *stripe.Iter {
-	params.GetListParams().Context = l.ctx
-	return stripe.GetIter(params, func(p *stripe.Params, values *form.Values) ([]any, stripe.ListContainer, error) {
-		page := &rawList{}
-		err := l.call(path, p, values, page)
-		objs := make([]any, len(page.Data))
-		for i, o := range page.Data {
-			objs[i] = o
-		}
-		return objs, page, err
-	})
-}
-
-func (l *lister) call(path string, p *stripe.Params, values *form.Values, page *rawList) error {
-	for attempt := 0; ; attempt++ {
-		l.requests++
-		err := l.backend.CallRaw(http.MethodGet, path, l.key, values, p, page)
-		var serr *stripe.Error
-		if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusTooManyRequests || attempt == rateLimitRetries {
-			if err == nil && l.takenAt.IsZero() {
-				l.takenAt = stripeClock(page.LastResponse)
-			}
-			return err
-		}
-		select {
-		case <-l.ctx.Done():
-			return l.ctx.Err()
-		case <-time.After(time.Second << attempt):
-		}
-	}
-}
-
-// stripeClock is the Date of an answer from Stripe: the objects it lists
-// are at least that new. Without one, the local clock less a second.
-func stripeClock(resp *stripe.APIResponse) time.Time {
-	if resp != nil {
-		if t, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-			return t.UTC()
-		}
-	}
-	return time.Now().Add(-time.Second).Truncate(time.Second).UTC()
-}
-
-// lookupKeys lists a customer's active entitlements, every page.
-func (l *lister) lookupKeys(customer string) ([]string, error) {
-	params := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String(customer)}
-	params.Limit = stripe.Int64(100)
-	it := l.list("/v1/entitlements/active_entitlements", params)
-	var keys []string
-	for it.Next() {
-		var ent struct {
-			LookupKey string `json:"lookup_key"`
-		}
-		if err := json.Unmarshal(it.Current().(*rawObject).JSON, &ent); err != nil {
-			return nil, fmt.Errorf("active entitlement of %s: %w", customer, err)
-		}
-		keys = append(keys, ent.LookupKey)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("list active entitlements of %s: %w", customer, err)
-	}
-	return keys, nil
 }
 
 // progress writes "done/total (rate/s)" to w at most once a second.

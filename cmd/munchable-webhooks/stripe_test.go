@@ -222,6 +222,62 @@ func TestStripeSync(t *testing.T) {
 	check("after the second sync")
 }
 
+// TestStripeSyncCompletesItems: a listed subscription of 12 items, of
+// which the page embeds 10 with has_more, is stored with all 12 in order
+// and the period end of the earliest, a missing one. Its items cost one
+// request more; an API failure while listing them fails the sync (it is
+// not an unreadable object).
+func TestStripeSyncCompletesItems(t *testing.T) {
+	t.Parallel()
+	r := newStripeRig(t)
+	base := time.Now().Add(-24 * time.Hour).Unix()
+	s := stripetest.Subscription{ID: "sub_items", Customer: "cus_items", Status: "active", PriceID: "price_00",
+		Created: base, PeriodEnd: base + 30*86400}
+	want := []string{"si_sub_items"}
+	for i := 1; i < 12; i++ {
+		it := stripetest.Item{ID: fmt.Sprintf("si_items_%02d", i), PriceID: fmt.Sprintf("price_%02d", i), PeriodEnd: base + int64(30+i)*86400}
+		if i == 11 {
+			it.PeriodEnd = base + 10*86400
+		}
+		s.More = append(s.More, it)
+		want = append(want, it.ID)
+	}
+	r.api.PutSubscription(r.fx.Subscription(s))
+
+	r.api.OnCall(func(route string, n int) {
+		if route == stripetest.ListSubscriptionItems && n == 1 {
+			r.api.FailNext(3, http.StatusInternalServerError) // past stripe-go's two retries
+		}
+	})
+	stdout, _, err := r.stripe(t, "sync")
+	if err == nil || !strings.Contains(err.Error(), "list items of subscription sub_items") || strings.Contains(stdout, "1 invalid") {
+		t.Errorf("sync with the items listing failing: err = %v, summary %q; want the listing named, nothing invalid", err, stdout)
+	}
+
+	r.api.OnCall(nil)
+	stdout, stderr, err := r.stripe(t, "sync")
+	if err != nil {
+		t.Fatalf("stripe sync: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(stdout, "1 subscriptions (1 stored, 0 kept, 0 invalid)") || !strings.Contains(stdout, ", 3 API requests") {
+		t.Errorf("summary = %q, want 1 stored in 3 requests (subscriptions, items, entitlements)", stdout)
+	}
+	var items []string
+	var periodEnd time.Time
+	const q = `SELECT e.current_period_end, array_agg(i.stripe_item_id ORDER BY i.position)
+		FROM entitlements e JOIN entitlement_items i USING (stripe_subscription_id)
+		WHERE e.stripe_subscription_id = 'sub_items' GROUP BY e.current_period_end`
+	if err := r.pool.QueryRow(t.Context(), q).Scan(&periodEnd, &items); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, items); diff != "" {
+		t.Errorf("entitlement_items (-want +got):\n%s", diff)
+	}
+	if periodEnd.Unix() != base+10*86400 {
+		t.Errorf("current_period_end = %s, want the earliest item end %s", periodEnd, time.Unix(base+10*86400, 0))
+	}
+}
+
 // TestStripeReplay replays 50 events of which 20 were already delivered
 // by webhook: those are duplicates and run nothing (their rows keep their
 // updated_at), the other 30 are processed, oldest first; two more show a

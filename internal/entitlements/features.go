@@ -151,14 +151,11 @@ func featureDiff(a, b features) []Field {
 
 // ApplyFeatures stores a snapshot of the customer's active entitlements
 // read from Stripe at at (stripe sync), with ApplySnapshot's tie rule: a
-// stored event from at's second or later is kept. eventID is recorded as
-// the row's last_event_id ("" records the snapshot's time instead).
-func (s *Store) ApplyFeatures(ctx context.Context, customerID string, lookupKeys []string, complete bool, at time.Time, eventID string) (Result, error) {
+// stored event from at's second or later is kept. Like a subscription
+// snapshot, the row records the snapshot as its event.
+func (s *Store) ApplyFeatures(ctx context.Context, customerID string, lookupKeys []string, complete bool, at time.Time) (Result, error) {
 	at = at.UTC().Truncate(time.Second)
-	if eventID == "" {
-		eventID = snapshotID(at)
-	}
-	w, err := writeFeatures(ctx, s.pool, features{customerID, lookupKeys, complete}, eventID, at, "")
+	w, err := writeFeatures(ctx, s.pool, features{customerID, lookupKeys, complete}, snapshotID(at), at, "")
 	if err != nil {
 		return Result{}, err
 	}

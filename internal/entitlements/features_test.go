@@ -86,13 +86,13 @@ func TestFeatures(t *testing.T) {
 		t.Error("a truncated list was stored complete")
 	}
 	// A snapshot (stripe sync) replaces only what is older than its second.
-	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(300*time.Millisecond), ""); err != nil || !r.Stale {
+	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(300*time.Millisecond)); err != nil || !r.Stale {
 		t.Errorf("snapshot of the stored event's second = %+v, %v; want stale", r, err)
 	}
-	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(time.Second), "sync"); err != nil || !r.Applied {
+	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(time.Second)); err != nil || !r.Applied {
 		t.Errorf("later snapshot = %+v, %v; want applied", r, err)
 	}
-	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api"}, true, "sync"}); !cmp.Equal(got, want) {
+	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api"}, true, snapshotID(t0.Add(time.Second))}); !cmp.Equal(got, want) {
 		t.Errorf("after the snapshot %+v, want %+v", got, want)
 	}
 }

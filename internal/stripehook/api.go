@@ -46,6 +46,9 @@ func (l leveledLogger) Infof(format string, v ...any)  { l.log(slog.LevelDebug, 
 func (l leveledLogger) Warnf(format string, v ...any)  { l.log(slog.LevelWarn, format, v...) }
 func (l leveledLogger) Errorf(format string, v ...any) { l.log(slog.LevelError, format, v...) }
 
+// lister is a Lister for one delivery: its counts are not shared.
+func (r *Receiver) lister() *Lister { return NewLister(r.api) }
+
 // fetch is the store's way to settle an unordered subscription event: nil
 // without an API key.
 func (r *Receiver) fetch() entitlements.Fetch {
@@ -55,9 +58,9 @@ func (r *Receiver) fetch() entitlements.Fetch {
 	return r.retrieveSubscription
 }
 
-// retrieveSubscription reads a subscription from Stripe and decodes the
-// answer with the same rules as a webhook's object (stripe-go's own type is
-// pinned to one API version).
+// retrieveSubscription reads a subscription from Stripe, its item list in
+// full, and decodes it with the same rules as a webhook's object
+// (stripe-go's own type is pinned to one API version).
 func (r *Receiver) retrieveSubscription(ctx context.Context, id string) (entitlements.Subscription, error) {
 	params := &stripe.SubscriptionParams{}
 	params.Context = ctx
@@ -65,7 +68,7 @@ func (r *Receiver) retrieveSubscription(ctx context.Context, id string) (entitle
 	if err != nil {
 		return entitlements.Subscription{}, fmt.Errorf("retrieve subscription %s: %w", id, err)
 	}
-	return DecodeSubscription(sub.LastResponse.RawJSON)
+	return r.lister().Subscription(ctx, sub.LastResponse.RawJSON)
 }
 
 func (r *Receiver) featureLister() entitlements.ListFeatures {
@@ -75,19 +78,6 @@ func (r *Receiver) featureLister() entitlements.ListFeatures {
 	return r.listFeatures
 }
 
-// listFeatures reads every active entitlement of a customer, following
-// the list's pages.
 func (r *Receiver) listFeatures(ctx context.Context, customer string) ([]string, error) {
-	params := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String(customer)}
-	params.Context = ctx
-	params.Limit = stripe.Int64(100)
-	it := r.api.EntitlementsActiveEntitlements.List(params)
-	var keys []string
-	for it.Next() {
-		keys = append(keys, it.EntitlementsActiveEntitlement().LookupKey)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("list active entitlements of %s: %w", customer, err)
-	}
-	return keys, nil
+	return r.lister().LookupKeys(ctx, customer)
 }

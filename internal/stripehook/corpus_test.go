@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/stripetest"
 )
 
 // corpus reads a file of testdata/stripe (see its README.md for sources).
@@ -200,66 +204,11 @@ func TestCorpusSubscriptions(t *testing.T) {
 	}
 }
 
-// fakeStripe is the Stripe API as far as these tests need it: retrieve a
-// subscription and list a customer's active entitlements, counting calls.
-type fakeStripe struct {
-	srv          *httptest.Server
-	subscription atomic.Pointer[[]byte] // the retrieve answer
-	features     []string
-	status       atomic.Int32 // non-zero: answer every call with it
-	calls        atomic.Int32
-	delay        time.Duration
-}
-
-func newFakeStripe(t *testing.T) *fakeStripe {
+// stripeAPI is the fake Stripe API and a client of it with a key.
+func stripeAPI(t *testing.T) (*stripetest.API, *client.API) {
 	t.Helper()
-	f := &fakeStripe{}
-	mux := http.NewServeMux()
-	fail := func(w http.ResponseWriter) bool {
-		f.calls.Add(1)
-		time.Sleep(f.delay)
-		if code := f.status.Load(); code != 0 {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(int(code))
-			fmt.Fprint(w, `{"error":{"type":"api_error","message":"fake failure"}}`)
-			return true
-		}
-		return false
-	}
-	mux.HandleFunc("GET /v1/subscriptions/{id}", func(w http.ResponseWriter, r *http.Request) {
-		if fail(w) {
-			return
-		}
-		if r.Header.Get("Authorization") != "Bearer sk_test_fake" {
-			http.Error(w, `{"error":{"message":"bad key"}}`, http.StatusUnauthorized)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(*f.subscription.Load())
-	})
-	mux.HandleFunc("GET /v1/entitlements/active_entitlements", func(w http.ResponseWriter, r *http.Request) {
-		if fail(w) {
-			return
-		}
-		var data []string
-		for i, k := range f.features {
-			data = append(data, fmt.Sprintf(`{"id":"ent_%d","object":"entitlements.active_entitlement","feature":"feat_%d","livemode":false,"lookup_key":%q}`, i, i, k))
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"object":"list","url":"/v1/entitlements/active_entitlements","has_more":false,"data":[%s]}`, strings.Join(data, ","))
-	})
-	f.srv = httptest.NewServer(mux)
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
-func (f *fakeStripe) api(t *testing.T) *client.API {
-	t.Helper()
-	u, err := url.Parse(f.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return NewAPI("sk_test_fake", u, nil)
+	fake := stripetest.New(t)
+	return fake, NewAPI(stripetest.Key, fake.URL(), nil)
 }
 
 func TestCorpusFeatures(t *testing.T) {
@@ -294,13 +243,23 @@ func TestCorpusFeatures(t *testing.T) {
 	})
 	t.Run("truncated, fetched in full", func(t *testing.T) {
 		t.Parallel()
-		fake := newFakeStripe(t)
-		fake.features = []string{"exports", "sso", "api_access", "audit_log"}
-		h := newHarness(t, options{api: fake.api(t)})
+		fake, api := stripeAPI(t)
+		fx := stripetest.LoadFixtures(t)
+		var ents [][]byte
+		for i, key := range []string{"exports", "sso", "api_access", "audit_log"} {
+			ents = append(ents, fx.ActiveEntitlement(fmt.Sprintf("ent_%d", i), fmt.Sprintf("feat_%d", i), key))
+		}
+		fake.SetActiveEntitlements("cus_QmunchableCust03", ents...)
+		h := newHarness(t, options{api: api})
+		// Rate limited once: the listing backs off and asks again.
+		fake.FailNext(1, http.StatusTooManyRequests)
 		assertAnswer(t, h.post(t, corpus(t, "entitlements.active_entitlement_summary.updated.truncated.json"), time.Now()), 200, "first")
 		keys, complete := read(h, "cus_QmunchableCust03")
 		if !cmp.Equal(keys, []string{"api_access", "audit_log", "exports", "sso"}) || !complete {
 			t.Errorf("stored %v complete=%v, want the full list, complete", keys, complete)
+		}
+		if n := fake.Calls(stripetest.ListActiveEntitlements); n != 2 {
+			t.Errorf("active entitlements listed %d times, want 2 (a 429, then the list)", n)
 		}
 	})
 }
@@ -512,15 +471,15 @@ func TestUnorderedOffline(t *testing.T) {
 // delivery and releases its claim.
 func TestUnorderedRevalidated(t *testing.T) {
 	t.Parallel()
-	fake := newFakeStripe(t)
-	h := newHarness(t, options{api: fake.api(t)})
+	fake, api := stripeAPI(t)
+	h := newHarness(t, options{api: api})
 	first, unordered := sameSecond(t)
 	assertAnswer(t, h.post(t, first, time.Now()), 200, "first")
-	if fake.calls.Load() != 0 {
-		t.Fatalf("an ordered event called the API %d times", fake.calls.Load())
+	if n := fake.TotalCalls(); n != 0 {
+		t.Fatalf("an ordered event called the API %d times", n)
 	}
 
-	fake.status.Store(http.StatusInternalServerError)
+	fake.FailNext(3, http.StatusInternalServerError) // one try and stripe-go's two retries
 	assertAnswer(t, h.post(t, unordered, time.Now()), 500, "first")
 	if n := h.rdb.Exists(t.Context(), h.claims.Key("stripe", "evt_1QmunchableUnordered01")).Val(); n != 0 {
 		t.Error("claim kept after the API failed")
@@ -537,9 +496,7 @@ func TestUnorderedRevalidated(t *testing.T) {
 	if err := json.Unmarshal(fetched, &ev); err != nil {
 		t.Fatal(err)
 	}
-	raw := []byte(ev.Data.Raw)
-	fake.subscription.Store(&raw)
-	fake.status.Store(0)
+	fake.PutSubscription(ev.Data.Raw)
 	assertAnswer(t, h.post(t, unordered, time.Now()), 200, "first")
 	got, _ := h.subscription(t, "sub_1QmunchableCancelAt01")
 	if got.Status != "past_due" || !got.CancelAtPeriodEnd || got.LastEventID != "api:evt_1QmunchableUnordered01" {
@@ -703,7 +660,9 @@ func TestStatementsPerDelivery(t *testing.T) {
 	}
 }
 
-// HandledTypes and kindOf name the same types.
+// HandledTypes and kindOf name the same types, both ways: every listed
+// type is handled, and every type a case of kindOf's switch names is
+// listed (read from the source, since a switch cannot be enumerated).
 func TestHandledTypes(t *testing.T) {
 	t.Parallel()
 	types := HandledTypes()
@@ -712,12 +671,55 @@ func TestHandledTypes(t *testing.T) {
 			t.Errorf("%s is listed but not handled", typ)
 		}
 	}
+	cases := kindOfCases(t)
+	for _, typ := range cases {
+		if !slices.Contains(types, typ) {
+			t.Errorf("%s is handled (a case of kindOf) but not listed", typ)
+		}
+	}
+	if len(cases) != len(types) {
+		t.Errorf("kindOf has %d cases, HandledTypes %d types", len(cases), len(types))
+	}
 	for _, typ := range []string{"customer.subscription.foo", "customer.created", "invoice.paid", "checkout.session", ""} {
 		if kindOf(typ) != 0 {
-			t.Errorf("%s is handled but not listed", typ)
+			t.Errorf("%s is handled", typ)
 		}
 	}
 	if len(types) != 13 {
 		t.Errorf("%d handled types, want the contract's 13", len(types))
 	}
+}
+
+// kindOfCases lists the strings of every case of kindOf's switch in
+// event.go.
+func kindOfCases(t *testing.T) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "event.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range f.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Name.Name != "kindOf" {
+			continue
+		}
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			if c, ok := n.(*ast.CaseClause); ok {
+				for _, e := range c.List {
+					lit, ok := e.(*ast.BasicLit)
+					if !ok || lit.Kind != token.STRING {
+						t.Fatalf("kindOf case %T is not a string literal", e)
+					}
+					s, _ := strconv.Unquote(lit.Value)
+					out = append(out, s)
+				}
+			}
+			return true
+		})
+	}
+	if len(out) == 0 {
+		t.Fatal("no cases found in kindOf")
+	}
+	return out
 }

@@ -11,7 +11,10 @@ import (
 
 type applyFunc func(ctx context.Context) (entitlements.Result, error)
 
-// subscriptionEvent reads a customer.subscription.* event.
+// subscriptionEvent reads a customer.subscription.* event. An item list
+// Stripe cut short (items.has_more) is completed inside the apply, after
+// the claim and under the handler deadline: with an API key by listing
+// every item, without one by storing what arrived, counted.
 func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 	s, _, err := objectOf[subscriptionJSON](h.Data)
 	if err != nil {
@@ -21,21 +24,47 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw := h.Data
-	ev := entitlements.Event{
-		ID:       h.ID,
-		Created:  at,
-		Creation: h.Type == "customer.subscription.created",
-		Before: func() (entitlements.Subscription, error) {
-			object, previous, err := objectOf[json.RawMessage](raw)
-			if err != nil {
-				return entitlements.Subscription{}, err
-			}
-			return before(object, previous)
-		},
+	// Only an object whose list was cut is kept for the apply: every
+	// other delivery keeps nothing more than it did.
+	var cut *subscriptionJSON
+	if s.Items.HasMore {
+		c := s
+		cut = &c
 	}
+	raw, id, creation := h.Data, h.ID, h.Type == "customer.subscription.created"
 	return func(ctx context.Context) (entitlements.Result, error) {
-		return r.store.Apply(ctx, sub, ev, r.fetch())
+		sub, complete := sub, cut == nil
+		var full []itemJSON // the item list as listed in full; nil when not listed
+		if cut != nil && r.api != nil {
+			s := *cut
+			err := r.lister().completeItems(ctx, &s)
+			if err == nil {
+				sub, err = s.stored()
+			}
+			if err != nil {
+				return entitlements.Result{}, err
+			}
+			full, complete = s.Items.Data, true
+		}
+		ev := entitlements.Event{
+			ID:       id,
+			Created:  at,
+			Creation: creation,
+			Before: func() (entitlements.Subscription, error) {
+				object, previous, err := objectOf[json.RawMessage](raw)
+				if err != nil {
+					return entitlements.Subscription{}, err
+				}
+				return before(object, previous, full)
+			},
+		}
+		res, err := r.store.Apply(ctx, sub, ev, r.fetch())
+		if err == nil && !complete && res.Applied {
+			r.itemsIncomplete.Inc()
+			r.logger.Warn("subscription stored with the items the event carried: Stripe cut the list short and no STRIPE_API_KEY is set to list the rest",
+				"event_id", id, "subscription_id", sub.ID, "items", len(sub.Items))
+		}
+		return res, err
 	}, nil
 }
 
@@ -45,16 +74,41 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 // whole, a hash (metadata) only by the keys that changed, a key that was
 // added being given as null or ""
 // (https://docs.stripe.com/api/events/object#event_object-data-previous_attributes).
-func before(object, previous json.RawMessage) (entitlements.Subscription, error) {
-	if len(previous) == 0 || string(previous) == "null" {
-		return DecodeSubscription(object)
+//
+// full is the object's item list as listed in full when Stripe cut it
+// short (nil otherwise). When previous_attributes does not name items, the
+// event did not change them, so the items before it are that full list:
+// judging the stored set against the cut one would make every same-second
+// event of such a subscription unordered. When it names them, their prior
+// value is taken as given; if that list was cut too it cannot equal a
+// complete stored set, and the event is settled as unordered.
+func before(object, previous json.RawMessage, full []itemJSON) (entitlements.Subscription, error) {
+	merged, itemsNamed := object, false
+	if len(previous) > 0 && string(previous) != "null" {
+		var err error
+		if merged, itemsNamed, err = laidOver(object, previous); err != nil {
+			return entitlements.Subscription{}, err
+		}
 	}
+	var s subscriptionJSON
+	if err := json.Unmarshal(merged, &s); err != nil {
+		return entitlements.Subscription{}, fmt.Errorf("subscription: %w", err)
+	}
+	if !itemsNamed && full != nil {
+		s.Items.Data, s.Items.HasMore = full, false
+	}
+	return s.stored()
+}
+
+// laidOver is object with the attributes previous names set to their
+// prior values, and whether items is one of them.
+func laidOver(object, previous json.RawMessage) (merged json.RawMessage, itemsNamed bool, err error) {
 	var obj, prev map[string]json.RawMessage
 	if err := json.Unmarshal(object, &obj); err != nil {
-		return entitlements.Subscription{}, err
+		return nil, false, err
 	}
 	if err := json.Unmarshal(previous, &prev); err != nil {
-		return entitlements.Subscription{}, fmt.Errorf("previous_attributes: %w", err)
+		return nil, false, fmt.Errorf("previous_attributes: %w", err)
 	}
 	for k, v := range prev {
 		if k != "metadata" {
@@ -64,7 +118,7 @@ func before(object, previous json.RawMessage) (entitlements.Subscription, error)
 		var now, was map[string]*string
 		_ = json.Unmarshal(obj[k], &now)
 		if err := json.Unmarshal(v, &was); err != nil {
-			return entitlements.Subscription{}, fmt.Errorf("previous_attributes.metadata: %w", err)
+			return nil, false, fmt.Errorf("previous_attributes.metadata: %w", err)
 		}
 		if now == nil {
 			now = map[string]*string{}
@@ -78,11 +132,9 @@ func before(object, previous json.RawMessage) (entitlements.Subscription, error)
 		}
 		obj[k], _ = json.Marshal(now)
 	}
-	merged, err := json.Marshal(obj)
-	if err != nil {
-		return entitlements.Subscription{}, err
-	}
-	return DecodeSubscription(merged)
+	_, itemsNamed = prev["items"]
+	merged, err = json.Marshal(obj)
+	return merged, itemsNamed, err
 }
 
 // summaryJSON is an Active Entitlement Summary

@@ -1,7 +1,9 @@
 // Package stripehook receives Stripe events: it verifies each delivery's
 // signature, reads the handled event types defensively across API
 // versions, and hands them to the claim flow to become entitlements,
-// features and checkout sessions.
+// features and checkout sessions. It is also where the service reads
+// Stripe's API (NewAPI, Lister): to settle what a payload cannot, complete
+// truncated lists, and for stripe sync and replay.
 package stripehook
 
 import (
@@ -30,7 +32,7 @@ const Tolerance = 300 * time.Second
 type Config struct {
 	Store *entitlements.Store
 	// API, when not nil (STRIPE_API_KEY set), settles unordered events and
-	// completes truncated feature lists by asking Stripe.
+	// completes truncated feature and item lists by asking Stripe.
 	API        *client.API
 	Logger     *slog.Logger // nil discards
 	Registerer prometheus.Registerer
@@ -44,6 +46,8 @@ type Receiver struct {
 	logger    *slog.Logger
 	thin      prometheus.Counter
 	truncated prometheus.Counter
+	// itemsIncomplete counts subscriptions stored with a cut item list.
+	itemsIncomplete prometheus.Counter
 }
 
 // New returns a Receiver and registers its metrics.
@@ -60,12 +64,16 @@ func New(cfg Config) *Receiver {
 			Name: "customer_features_incomplete_total",
 			Help: "Feature summaries stored incomplete: the event's list was truncated and no STRIPE_API_KEY was set to fetch the rest.",
 		}),
+		itemsIncomplete: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "entitlement_items_incomplete_total",
+			Help: "Subscription events stored with only the items they carried: Stripe cut the item list short (has_more) and no STRIPE_API_KEY was set to list the rest.",
+		}),
 	}
 	if r.logger == nil {
 		r.logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(r.thin, r.truncated)
+		cfg.Registerer.MustRegister(r.thin, r.truncated, r.itemsIncomplete)
 	}
 	return r
 }

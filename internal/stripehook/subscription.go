@@ -35,8 +35,11 @@ type subscriptionJSON struct {
 	} `json:"pause_collection"`
 	Livemode bool              `json:"livemode"`
 	Metadata map[string]string `json:"metadata"`
-	Items    struct {
-		Data []itemJSON `json:"data"`
+	// Items is a list like any other: Stripe embeds its first page, and
+	// has_more says there are more items to list.
+	Items struct {
+		Data    []itemJSON `json:"data"`
+		HasMore bool       `json:"has_more"`
 	} `json:"items"`
 }
 
@@ -84,17 +87,10 @@ func (r *ref) UnmarshalJSON(b []byte) error {
 // the field in the log line.
 var errMissing = errors.New("missing")
 
-// DecodeSubscription reads one subscription object (a webhook's
-// data.object, a retrieve answer, or a list page's data[i]) into the stored
-// shape. It refuses an object without an id, a customer or a status.
-func DecodeSubscription(raw []byte) (entitlements.Subscription, error) {
-	var s subscriptionJSON
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return entitlements.Subscription{}, fmt.Errorf("subscription: %w", err)
-	}
-	return s.stored()
-}
-
+// stored is the subscription in the stored shape, with the items it holds:
+// the one derivation of price_id and current_period_end from them, whether
+// they came embedded whole or were listed in full. It refuses an object
+// without an id, a customer or a status.
 func (s subscriptionJSON) stored() (entitlements.Subscription, error) {
 	customer := string(s.Customer)
 	if customer == "" {

@@ -2,6 +2,7 @@ package stripetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,11 +58,21 @@ type Subscription struct {
 	PriceID              string // the first item's price
 	Created, PeriodEnd   int64  // PeriodEnd: the first item's current_period_end
 	CancelAtPeriodEnd    bool
+	// More are items after the first, in order, each a copy of the
+	// fixture's item with these fields set.
+	More []Item
+}
+
+// Item is what a test chooses of a subscription item.
+type Item struct {
+	ID, PriceID string
+	PeriodEnd   int64 // current_period_end; current_period_start is the subscription's created
 }
 
 // Subscription returns a subscription object (API 2025-03-31 and later
-// shape: the period on the items). A canceled one has canceled_at and
-// ended_at a minute after it was created; nothing is scheduled or paused.
+// shape: the period on the items) with every item embedded; Embed cuts
+// the list as Stripe would. A canceled one has canceled_at and ended_at a
+// minute after it was created; nothing is scheduled or paused.
 func (f Fixtures) Subscription(s Subscription) []byte {
 	m := clone(f.subscription)
 	m["id"], m["customer"], m["status"], m["created"] = s.ID, s.Customer, s.Status, s.Created
@@ -74,11 +85,47 @@ func (f Fixtures) Subscription(s Subscription) []byte {
 	}
 	items := m["items"].(map[string]any)
 	items["url"] = "/v1/subscription_items?subscription=" + s.ID
-	item := items["data"].([]any)[0].(map[string]any)
-	item["id"], item["subscription"] = "si_"+s.ID, s.ID
-	item["created"], item["current_period_start"], item["current_period_end"] = s.Created, s.Created, s.PeriodEnd
-	item["price"].(map[string]any)["id"] = s.PriceID
-	item["plan"].(map[string]any)["id"] = s.PriceID
+	fixture := items["data"].([]any)[0].(map[string]any)
+	data := []any{}
+	for _, it := range append([]Item{{"si_" + s.ID, s.PriceID, s.PeriodEnd}}, s.More...) {
+		item := clone(fixture)
+		item["id"], item["subscription"] = it.ID, s.ID
+		item["created"], item["current_period_start"], item["current_period_end"] = s.Created, s.Created, it.PeriodEnd
+		item["price"].(map[string]any)["id"] = it.PriceID
+		item["plan"].(map[string]any)["id"] = it.PriceID
+		data = append(data, item)
+	}
+	items["data"] = data
+	return marshal(m)
+}
+
+// EmbeddedItems is how many items a subscription embeds here: the first
+// page of a Stripe list at its default size (10). Past it, has_more says
+// there are more to list (a subscription may have up to 20 items).
+const EmbeddedItems = 10
+
+// Embed returns a subscription object as Stripe sends it in an API answer
+// or an event: its item list cut to the first EmbeddedItems items, with
+// has_more set when that left some out. A shorter list is returned as it
+// is.
+func Embed(raw []byte) []byte {
+	var m map[string]json.RawMessage
+	var items map[string]json.RawMessage
+	var data []json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
+	}
+	if err := json.Unmarshal(m["items"], &items); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
+	}
+	if err := json.Unmarshal(items["data"], &data); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
+	}
+	if len(data) <= EmbeddedItems {
+		return raw
+	}
+	items["data"], items["has_more"] = marshal(data[:EmbeddedItems]), marshal(true)
+	m["items"] = marshal(items)
 	return marshal(m)
 }
 

@@ -1,6 +1,7 @@
 // Package stripetest is test support: a fake of the few Stripe API routes
-// the service calls (retrieve and list subscriptions, list events, list a
-// customer's active entitlements), served by httptest, holding the raw
+// the service calls (retrieve and list subscriptions, list a subscription's
+// items, list events, list a customer's active entitlements), served by
+// httptest, holding the raw
 // JSON objects a test puts in it. It answers the request shapes stripe-go
 // sends, which stripetest_test.go checks against stripe-mock, paginates
 // and filters as Stripe documents, fails on demand and counts calls.
@@ -27,6 +28,7 @@ const Key = "sk_test_stripetest"
 const (
 	RetrieveSubscription   = "GET /v1/subscriptions/{id}"
 	ListSubscriptions      = "GET /v1/subscriptions"
+	ListSubscriptionItems  = "GET /v1/subscription_items"
 	ListEvents             = "GET /v1/events"
 	ListActiveEntitlements = "GET /v1/entitlements/active_entitlements"
 )
@@ -52,6 +54,7 @@ type object struct {
 	Type      string `json:"type"`   // events
 	delivered bool   // events: every webhook delivery succeeded
 	raw       json.RawMessage
+	items     []object // subscriptions: every item, where raw embeds the first page
 }
 
 // New starts a fake API, closed in t.Cleanup.
@@ -61,6 +64,7 @@ func New(t testing.TB) *API {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/subscriptions/{id}", a.route(RetrieveSubscription, a.retrieveSubscription))
 	mux.HandleFunc("GET /v1/subscriptions", a.route(ListSubscriptions, a.listSubscriptions))
+	mux.HandleFunc("GET /v1/subscription_items", a.route(ListSubscriptionItems, a.listSubscriptionItems))
 	mux.HandleFunc("GET /v1/events", a.route(ListEvents, a.listEvents))
 	mux.HandleFunc("GET /v1/entitlements/active_entitlements", a.route(ListActiveEntitlements, a.listActiveEntitlements))
 	a.srv = httptest.NewServer(mux)
@@ -74,10 +78,22 @@ func (a *API) URL() *url.URL {
 	return u
 }
 
-// PutSubscription stores a subscription object, replacing the one with the
-// same id.
+// PutSubscription stores a subscription object with all its items,
+// replacing the one with the same id. Answers embed its items as Stripe
+// does (Embed), and list them all on GET /v1/subscription_items.
 func (a *API) PutSubscription(raw []byte) {
-	o := decode(raw)
+	var sub struct {
+		Items struct {
+			Data []json.RawMessage `json:"data"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &sub); err != nil {
+		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
+	}
+	o := decode(Embed(raw))
+	for _, it := range sub.Items.Data {
+		o.items = append(o.items, decode(it))
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == o.ID }); i >= 0 {
@@ -190,13 +206,29 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request)) htt
 func (a *API) retrieveSubscription(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id := r.PathValue("id")
+	if s, ok := a.subscription(w, r.PathValue("id")); ok {
+		writeJSON(w, s.raw)
+	}
+}
+
+// subscription finds a stored subscription, or answers Stripe's 404. The
+// caller holds a.mu.
+func (a *API) subscription(w http.ResponseWriter, id string) (object, bool) {
 	i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == id })
 	if i < 0 {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "No such subscription: '"+id+"'")
-		return
+		return object{}, false
 	}
-	writeJSON(w, a.subscriptions[i].raw)
+	return a.subscriptions[i], true
+}
+
+// required reads a query parameter Stripe requires, or answers its 400.
+func required(w http.ResponseWriter, r *http.Request, name string) (string, bool) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: "+name+".")
+	}
+	return v, v != ""
 }
 
 // listSubscriptions filters by status as Stripe documents it: no status
@@ -219,6 +251,20 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep))
+}
+
+// listSubscriptionItems lists a subscription's items in their order;
+// Stripe requires the subscription.
+func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
+	id, ok := required(w, r, "subscription")
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s, ok := a.subscription(w, id); ok {
+		a.writeList(w, r, "/v1/subscription_items", s.items)
+	}
 }
 
 // listEvents filters by type (types[] or type), created[gte|gt|lte|lt] and
@@ -248,9 +294,8 @@ func (a *API) listEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
-	customer := r.URL.Query().Get("customer")
-	if customer == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "parameter_missing", "Missing required param: customer.")
+	customer, ok := required(w, r, "customer")
+	if !ok {
 		return
 	}
 	a.mu.Lock()

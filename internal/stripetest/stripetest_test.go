@@ -47,6 +47,16 @@ func calls(api *client.API) map[string]func() error {
 			p.Limit, p.StartingAfter, p.Single = stripe.Int64(2), stripe.String("sub_1"), true
 			return drain(api.Subscriptions.List(p).Iter)
 		},
+		"list subscription items": func() error {
+			p := &stripe.SubscriptionItemListParams{Subscription: stripe.String("sub_1")}
+			p.Limit = stripe.Int64(100)
+			return drain(api.SubscriptionItems.List(p).Iter)
+		},
+		"list subscription items starting_after": func() error {
+			p := &stripe.SubscriptionItemListParams{Subscription: stripe.String("sub_1")}
+			p.Limit, p.StartingAfter, p.Single = stripe.Int64(100), stripe.String("si_sub_1"), true
+			return drain(api.SubscriptionItems.List(p).Iter)
+		},
 		"list events types created delivery_success": func() error {
 			p := &stripe.EventListParams{
 				Types:           stripe.StringSlice([]string{"customer.subscription.updated", "customer.subscription.deleted"}),
@@ -102,6 +112,8 @@ func ids(t *testing.T, it *stripe.Iter) []string {
 		switch o := it.Current().(type) {
 		case *stripe.Subscription:
 			out = append(out, o.ID)
+		case *stripe.SubscriptionItem:
+			out = append(out, o.ID)
 		case *stripe.Event:
 			out = append(out, o.ID)
 		}
@@ -148,6 +160,50 @@ func TestListSubscriptionsPaginatesAndFiltersByStatus(t *testing.T) {
 	}
 	if got, want := len(list("ended")), 100; got != want {
 		t.Errorf("status=ended listed %d, want %d", got, want)
+	}
+}
+
+// A subscription of 12 items is answered with the first 10 embedded and
+// has_more, as Stripe embeds a list's first page; the items list gives all
+// 12 in their order, page after page, and needs the subscription.
+func TestSubscriptionItems(t *testing.T) {
+	t.Parallel()
+	fake := New(t)
+	fx := LoadFixtures(t)
+	s := Subscription{ID: "sub_many", Customer: "cus_1", Status: "active", PriceID: "price_0", Created: 1700000000, PeriodEnd: 1702592000}
+	want := []string{"si_sub_many"}
+	for i := 1; i < 12; i++ {
+		s.More = append(s.More, Item{ID: fmt.Sprintf("si_%02d", i), PriceID: fmt.Sprintf("price_%d", i), PeriodEnd: 1702592000 + int64(i)})
+		want = append(want, fmt.Sprintf("si_%02d", i))
+	}
+	fake.PutSubscription(fx.Subscription(s))
+	api := newClient(fake.URL(), 0)
+
+	sub, err := api.Subscriptions.Get("sub_many", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(sub.Items.Data); got != EmbeddedItems || !sub.Items.HasMore {
+		t.Errorf("retrieve embeds %d items, has_more %v; want %d and true", got, sub.Items.HasMore, EmbeddedItems)
+	}
+	p := &stripe.SubscriptionItemListParams{Subscription: stripe.String("sub_many")}
+	p.Limit = stripe.Int64(5)
+	if diff := cmp.Diff(want, ids(t, api.SubscriptionItems.List(p).Iter)); diff != "" {
+		t.Errorf("items listed (-want +got):\n%s", diff)
+	}
+	if got, want := fake.Calls(ListSubscriptionItems), 3; got != want {
+		t.Errorf("12 items at limit 5 took %d calls, want %d", got, want)
+	}
+	it := api.SubscriptionItems.List(&stripe.SubscriptionItemListParams{}).Iter
+	var serr *stripe.Error
+	if it.Next() || !errors.As(it.Err(), &serr) || serr.HTTPStatusCode != http.StatusBadRequest {
+		t.Errorf("items without a subscription: err = %v, want a 400", it.Err())
+	}
+
+	// One item: embedded whole, has_more false.
+	fake.PutSubscription(fx.Subscription(Subscription{ID: "sub_one", Customer: "cus_1", Status: "active", PriceID: "price_0"}))
+	if sub, err := api.Subscriptions.Get("sub_one", nil); err != nil || len(sub.Items.Data) != 1 || sub.Items.HasMore {
+		t.Errorf("one item: %v, %+v", err, sub.Items)
 	}
 }
 
