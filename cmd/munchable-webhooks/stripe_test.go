@@ -156,10 +156,15 @@ func TestStripeSync(t *testing.T) {
 	// than the snapshot and must be kept. The API shows the upgrade from
 	// the next request on.
 	upgraded := sub(101, "active", "price_pro")
-	upgradedAt := time.Now().Unix()
+	var upgradedAt int64 // set by the callback, during the sync
 	r.api.OnCall(func(route string, n int) {
 		switch {
 		case route == stripetest.ListSubscriptions && n == 2:
+			// Created now, during the sync, as a real event would be: a
+			// time taken before the sync began could fall in a second
+			// before the snapshot's on a slow machine, and the snapshot
+			// would then rightly win.
+			upgradedAt = time.Now().Unix()
 			r.deliver(t, r.fx.Event("evt_upgrade", "customer.subscription.updated", upgradedAt, r.fx.Subscription(upgraded),
 				map[string]any{"items": map[string]any{}}))
 		case route == stripetest.ListSubscriptions && n == 3:
