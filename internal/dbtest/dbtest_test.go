@@ -159,14 +159,16 @@ func TestPostgresServerKillStart(t *testing.T) {
 		return query(conn)
 	}
 
-	// Held across Kill: its backend outlives the postmaster for a moment,
-	// which Start has to wait out. Whether a query on it fails straight
-	// after Kill depends on that moment, so none is asserted.
+	// Held across Kill: its backend must die with the server (see
+	// TestKillTakesBackends).
 	held := connect(t, s.URL())
 	if err := query(held); err != nil {
 		t.Fatalf("query before Kill: %v", err)
 	}
 	s.Kill()
+	if err := query(held); err == nil {
+		t.Fatal("query on a connection held across Kill succeeded, want an error")
+	}
 	if err := connectAndQuery(); err == nil {
 		t.Fatal("connect after Kill succeeded, want an error")
 	}

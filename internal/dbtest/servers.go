@@ -531,11 +531,11 @@ func (p *process) exited() bool {
 
 // kill sends SIGKILL and waits for the exit.
 func (p *process) kill() {
-	// A server in a process group of its own (tieToParent) dies whole, as
-	// in a crash of its machine: SIGKILL to the postmaster alone would leave
-	// its backends serving the connections they hold for a moment.
-	if a := p.cmd.SysProcAttr; a != nil && a.Setpgid {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	// The server dies whole, as in a crash of its machine: SIGKILL to the
+	// postmaster alone would leave its backends serving the connections
+	// they hold for a moment.
+	if !p.exited() {
+		killChildren(p.cmd.Process.Pid)
 	}
 	_ = p.cmd.Process.Kill() // fails only if it has already exited
 	<-p.done
