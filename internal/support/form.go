@@ -389,17 +389,17 @@ func decodeJSON(body []byte, errs fieldErrors) (form, error) {
 		return form{}, fmt.Errorf("%w: want a JSON object", errMalformed)
 	}
 	var f form
-	for name, dst := range f.fields() {
-		v, ok := raw[name]
+	for _, fl := range f.fields() {
+		v, ok := raw[fl.name]
 		if !ok || bytes.Equal(v, []byte("null")) {
 			continue
 		}
 		if !utf8.Valid(v) {
-			errs.add(name, "must be valid UTF-8")
+			errs.add(fl.name, "must be valid UTF-8")
 			continue
 		}
-		if err := json.Unmarshal(v, dst); err != nil {
-			errs.add(name, "must be a string")
+		if err := json.Unmarshal(v, fl.value); err != nil {
+			errs.add(fl.name, "must be a string")
 		}
 	}
 	// Any value at all in the honeypot gives a bot away, a string or not.
@@ -417,48 +417,51 @@ func decodeForm(body []byte, errs fieldErrors) (form, error) {
 		return form{}, fmt.Errorf("%w: want an urlencoded form", errMalformed)
 	}
 	var f form
-	for name, dst := range f.fields() {
-		v := vals.Get(name)
+	for _, fl := range f.fields() {
+		v := vals.Get(fl.name)
 		if !utf8.ValidString(v) {
-			errs.add(name, "must be valid UTF-8")
+			errs.add(fl.name, "must be valid UTF-8")
 			continue
 		}
-		*dst = v
+		*fl.value = v
 	}
 	f.Website = vals.Get("website")
 	return f, nil
 }
 
-func (f *form) fields() map[string]*string {
-	return map[string]*string{"email": &f.Email, "name": &f.Name, "subject": &f.Subject, "message": &f.Message}
+// formField is one field a person fills in: its name, its value in the
+// form, and its limit in characters (the page's maxlength too).
+type formField struct {
+	name  string
+	value *string
+	max   int
+}
+
+// fields are the form's fields in the order the page shows them.
+func (f *form) fields() []formField {
+	return []formField{
+		{"email", &f.Email, maxEmail},
+		{"name", &f.Name, maxName},
+		{"subject", &f.Subject, maxSubject},
+		{"message", &f.Message, maxMessage},
+	}
 }
 
 // validate records every problem with f in errs and returns f as it will be
 // stored: each field trimmed of surrounding white space.
 func (f form) validate(errs fieldErrors) form {
-	for name, v := range f.fields() {
+	for _, fl := range f.fields() {
+		v := fl.value
 		if strings.ContainsRune(*v, 0) {
-			errs.add(name, "must not contain NUL characters")
+			errs.add(fl.name, "must not contain NUL characters")
 		}
-		if name != "message" && strings.ContainsAny(*v, "\r\n") {
+		if fl.name != "message" && strings.ContainsAny(*v, "\r\n") {
 			// These fields may end up in a mail header when support replies.
-			errs.add(name, "must not contain line breaks")
+			errs.add(fl.name, "must not contain line breaks")
 		}
 		*v = strings.TrimSpace(*v)
-	}
-	limits := []struct {
-		field string
-		v     string
-		max   int
-	}{
-		{"email", f.Email, maxEmail},
-		{"name", f.Name, maxName},
-		{"subject", f.Subject, maxSubject},
-		{"message", f.Message, maxMessage},
-	}
-	for _, l := range limits {
-		if utf8.RuneCountInString(l.v) > l.max {
-			errs.add(l.field, "must be at most "+strconv.Itoa(l.max)+" characters")
+		if utf8.RuneCountInString(*v) > fl.max {
+			errs.add(fl.name, "must be at most "+strconv.Itoa(fl.max)+" characters")
 		}
 	}
 	switch {

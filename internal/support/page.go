@@ -76,16 +76,7 @@ func fieldLabel(field string) string {
 func (p *pages) form(w http.ResponseWriter, status int, values form, errs fieldErrors) {
 	esc := html.EscapeString
 	fill := []string{"{{style}}", p.style, "{{script}}", p.script, "{{action}}", "/support/messages"}
-	fields := []struct {
-		name, value string
-		max         int
-	}{
-		{"email", values.Email, maxEmail},
-		{"name", values.Name, maxName},
-		{"subject", values.Subject, maxSubject},
-		{"message", values.Message, maxMessage},
-	}
-	for _, f := range fields {
+	for _, f := range values.fields() {
 		problem, invalid := "", ""
 		if text, ok := errs[f.name]; ok {
 			problem = fieldLabel(f.name) + " " + text
@@ -93,7 +84,7 @@ func (p *pages) form(w http.ResponseWriter, status int, values form, errs fieldE
 		}
 		fill = append(fill,
 			"{{max-"+f.name+"}}", strconv.Itoa(f.max),
-			"{{value-"+f.name+"}}", esc(f.value),
+			"{{value-"+f.name+"}}", esc(*f.value),
 			"{{invalid-"+f.name+"}}", invalid,
 			"{{problem-"+f.name+"}}", esc(problem))
 	}
