@@ -131,13 +131,12 @@ type target struct {
 // nothing, rejected ones still log their warning line.
 func (h *harness) startService(ctx context.Context) (target, error) {
 	bin := filepath.Join(h.work, "munchable-webhooks")
-	// Built as the Dockerfile and `make build` build it, static and
-	// stripped: a plain go build links libc for cgo and maps 1.5 MiB more
-	// at idle, which peak RSS would count against the service.
-	build := exec.CommandContext(ctx, h.o.goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/munchable-webhooks")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// `make build`, the build the Dockerfile repeats, static and stripped:
+	// a plain go build links libc for cgo and maps 1.5 MiB more at idle,
+	// which peak RSS would count against the service.
+	build := exec.CommandContext(ctx, "make", "--no-print-directory", "build", "GO="+h.o.goBin, "BIN="+bin)
 	if out, err := build.CombinedOutput(); err != nil {
-		return target{}, fmt.Errorf("go build ./cmd/munchable-webhooks: %w\n%s", err, out)
+		return target{}, fmt.Errorf("make build: %w\n%s", err, out)
 	}
 	env := []string{
 		"DATABASE_URL=" + h.benchURL,
