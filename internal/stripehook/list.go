@@ -172,8 +172,12 @@ func (l *Lister) Subscription(ctx context.Context, raw []byte) (entitlements.Sub
 }
 
 // completeItems replaces a subscription's embedded item list, which holds
-// only Stripe's first page when has_more is set (a subscription may have
-// up to 20 items), with every item, in Stripe's order.
+// only Stripe's first page when has_more is set ("True if this list has
+// another page of items after this one that can be fetched": the
+// subscription object's items, https://docs.stripe.com/api/subscriptions/object#subscription_object-items),
+// with every item, in Stripe's order, from "List all subscription items"
+// (https://docs.stripe.com/api/subscription_items/list: limit 1 to 100,
+// default 10).
 func (l *Lister) completeItems(ctx context.Context, s *subscriptionJSON) error {
 	params := &stripe.SubscriptionItemListParams{Subscription: stripe.String(s.ID)}
 	params.Limit = stripe.Int64(100)
