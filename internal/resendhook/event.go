@@ -22,7 +22,8 @@ type event struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// receivedData is the data of an email.received event: the email's metadata,
+// receivedData is the data of an email.received event
+// (https://resend.com/docs/webhooks/emails/received): the email's metadata,
 // without its body, which is fetched from the API.
 type receivedData struct {
 	EmailID   string          `json:"email_id"`

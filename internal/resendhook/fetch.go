@@ -72,8 +72,9 @@ func apiBase(apiURL *url.URL) *url.URL {
 	return &u
 }
 
-// receivedEmail is what GET /emails/receiving/{id} answers, decoded into
-// what the service keeps. It is local because resend-go v3.1.1's
+// receivedEmail is what GET /emails/receiving/{id} answers
+// (https://resend.com/docs/api-reference/emails/retrieve-received-email),
+// decoded into what the service keeps. It is local because resend-go v3.1.1's
 // ReceivedEmail has no authentication, no attachment sizes, and reads
 // headers as strings only (a header Resend sends as a list would fail the
 // whole answer).
