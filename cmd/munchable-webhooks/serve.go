@@ -25,6 +25,7 @@ import (
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/support"
@@ -64,15 +65,19 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
 		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
 	}
+	// Both providers' bodies and the form's share one deadline and one
+	// memory budget.
+	bodies := intake.New(intake.Config{
+		Timeout:        cfg.BodyReadTimeout,
+		Budget:         cfg.MaxInflightBodyBytes,
+		MaxConnections: cfg.MaxConnections,
+	})
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
 		Logger:         logger,
 		Registerer:     registry,
-
-		// Both providers' bodies share one deadline and one memory budget.
-		BodyReadTimeout:      cfg.BodyReadTimeout,
-		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
+		Intake:         bodies,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
