@@ -86,6 +86,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Rate:             cfg.SupportFormRate,
 		TrustedProxies:   cfg.trustedProxies,
 		DatabaseMaxConns: cfg.DatabaseMaxConns,
+		Intake:           bodies,
 		Logger:           logger,
 		Registerer:       registry,
 	})
