@@ -46,6 +46,8 @@ type config struct {
 
 	BodyReadTimeout      time.Duration `env:"BODY_READ_TIMEOUT" envDefault:"10s"`
 	MaxInflightBodyBytes int64         `env:"MAX_INFLIGHT_BODY_BYTES" envDefault:"33554432"`
+	// MaxConnections bounds the connections each listener holds at once.
+	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"1024"`
 
 	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"16"`
 	ShutdownDelay    time.Duration `env:"SHUTDOWN_DELAY" envDefault:"0s"`
@@ -369,7 +371,11 @@ func (c *config) checkLimits(add addProblem) {
 		{"SUPPORT_FORM_RATE", int64(c.SupportFormRate), 1},
 		{"DATABASE_MAX_CONNS", int64(c.DatabaseMaxConns), 1},
 		{"SUPPORT_ATTACHMENT_MAX_BYTES", c.SupportAttachmentMaxBytes, 0},
-		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 1 << 20},
+		// Twice the webhooks' 1 MiB cap: a growing body may use only the
+		// part of the budget outside the first-chunk reserve, which is at
+		// most half of it, and a 1 MiB delivery must fit there.
+		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20},
+		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1},
 	}
 	for _, v := range atLeast {
 		if v.got < v.min {

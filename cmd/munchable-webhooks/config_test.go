@@ -51,6 +51,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"SUPPORT_FORM_RATE", cfg.SupportFormRate, 10},
 		{"LOG_LEVEL", cfg.LogLevel, "info"},
 		{"REDIS_KEY_PREFIX", cfg.RedisKeyPrefix, "webhook"},
+		{"MAX_CONNECTIONS", cfg.MaxConnections, 1024},
 		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(cfg.SupportInboundAddresses, ";"), "support@munchable.app;@inbound.munchable.app"},
 	}
 	for _, c := range checks {
@@ -88,6 +89,8 @@ func TestConfigProblems(t *testing.T) {
 		{"non-positive durations", map[string]string{"HANDLER_TIMEOUT": "0s", "STRIPE_DEDUPE_TTL": "-1h"}, nil,
 			[]string{"HANDLER_TIMEOUT must be positive", "STRIPE_DEDUPE_TTL must be positive"}},
 		{"trusted proxies", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,lan"}, nil, []string{`TRUSTED_PROXIES has "lan"`}},
+		{"connections and body budget", map[string]string{"MAX_CONNECTIONS": "0", "MAX_INFLIGHT_BODY_BYTES": "1048576"}, nil,
+			[]string{"MAX_CONNECTIONS must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 2097152"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/support"
@@ -65,15 +65,19 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
 		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
 	}
+	// Both providers' bodies and the form's share one deadline and one
+	// memory budget.
+	bodies := intake.New(intake.Config{
+		Timeout:        cfg.BodyReadTimeout,
+		Budget:         cfg.MaxInflightBodyBytes,
+		MaxConnections: cfg.MaxConnections,
+	})
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
 		Logger:         logger,
 		Registerer:     registry,
-
-		// Both providers' bodies share one deadline and one memory budget.
-		BodyReadTimeout:      cfg.BodyReadTimeout,
-		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
+		Intake:         bodies,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
@@ -82,6 +86,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Rate:             cfg.SupportFormRate,
 		TrustedProxies:   cfg.trustedProxies,
 		DatabaseMaxConns: cfg.DatabaseMaxConns,
+		Intake:           bodies,
 		Logger:           logger,
 		Registerer:       registry,
 	})
@@ -156,37 +161,29 @@ func publicMetrics(cfg config, metrics http.Handler) http.Handler {
 // they cannot complete.
 func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, metrics http.Handler, draining *atomic.Bool) error {
 	errorLog := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		// A delivery may run for the whole handler deadline before it answers.
-		WriteTimeout: cfg.HandlerTimeout + 2*cfg.RedisTimeout + 10*time.Second,
-		IdleTimeout:  120 * time.Second,
-		ErrorLog:     errorLog,
-	}
+	// A delivery may run for the whole handler deadline before it answers.
+	srv := limitedServer(handler, errorLog, 30*time.Second,
+		cfg.HandlerTimeout+2*cfg.RedisTimeout+10*time.Second, 120*time.Second)
 	servers := []*http.Server{srv}
+	addrs := []string{cfg.ListenAddr}
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", metrics)
-		servers = append(servers, &http.Server{
-			Addr: cfg.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: errorLog,
-		})
+		servers = append(servers, limitedServer(mux, errorLog, metricsReadTimeout, metricsWriteTimeout, metricsIdleTimeout))
+		addrs = append(addrs, cfg.MetricsAddr)
 	}
 	served := make(chan error, len(servers))
 	for i, s := range servers {
-		addr := cfg.ListenAddr
-		if i > 0 {
-			addr = cfg.MetricsAddr
-		}
-		ln, err := net.Listen("tcp", addr)
+		// Each listener holds MAX_CONNECTIONS at most: the metrics one is
+		// as reachable as the other where the network is not trusted.
+		ln, err := listen(addrs[i], cfg.MaxConnections)
 		if err != nil {
 			for _, started := range servers[:i] {
 				_ = started.Close()
 			}
-			return fmt.Errorf("listen %s: %w", addr, err)
+			return err
 		}
-		logger.Info("serving", "addr", ln.Addr().String(), "metrics_only", i > 0)
+		logger.Info("serving", "addr", ln.Addr().String(), "metrics_only", i > 0, "max_connections", cfg.MaxConnections)
 		go func() { served <- s.Serve(ln) }()
 	}
 

@@ -5,8 +5,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
@@ -17,7 +15,8 @@ import (
 )
 
 // The claim's round trips against a real Redis (TEST_REDIS_URL; skipped
-// without it, like the tests), and the flow and body reading around them.
+// without it, like the tests), and the flow around them (body reading is
+// benchmarked in internal/intake).
 
 func benchStore(b *testing.B) *Store {
 	b.Helper()
@@ -115,36 +114,6 @@ func BenchmarkRunDuplicate(b *testing.B) {
 		if o := f.run(ctx, stripe, body, ev); o.outcome != Duplicate {
 			b.Fatalf("run = %+v", o)
 		}
-	}
-}
-
-// BenchmarkReadBody: reading a 3 KiB webhook body under the cap, into a
-// pooled chunk, as the intake reads it.
-func BenchmarkReadBody(b *testing.B) { benchRead(b, 3115) }
-
-// BenchmarkReadBodyMax: reading a body of the largest size accepted. What
-// it allocates per op is what a large body costs in memory.
-func BenchmarkReadBodyMax(b *testing.B) { benchRead(b, MaxBody) }
-
-func benchRead(b *testing.B, size int) {
-	body := bytes.Repeat([]byte("x"), size)
-	r := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", nil)
-	r.Header.Set("Content-Type", "application/json; charset=utf-8")
-	w := httptest.NewRecorder()
-	rd := bytes.NewReader(body)
-	// No body deadline: a recorder has no connection to set it on.
-	in := &intake{budget: 32 << 20}
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		rd.Reset(body)
-		r.Body = io.NopCloser(rd)
-		r.ContentLength = int64(len(body))
-		got, err := in.read(w, r)
-		if err != nil || len(got.data) != len(body) {
-			b.Fatalf("read %v", err)
-		}
-		got.recycle()
 	}
 }
 

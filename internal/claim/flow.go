@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/intake"
 )
 
 // Provider is one webhook source and its claim policy.
@@ -82,15 +84,12 @@ type FlowConfig struct {
 	// PoisonAfter is the number of failed attempts of one event after which
 	// it is logged as poison and counted; 0 turns that off.
 	PoisonAfter int
-	// BodyReadTimeout is the longest a webhook body may take to arrive
-	// (then 408); 0: no deadline of its own.
-	BodyReadTimeout time.Duration
-	// MaxInflightBodyBytes bounds the memory of webhook bodies being read
-	// at once, beyond the first 64 KiB of each (over it, 503);
-	// 0: no bound.
-	MaxInflightBodyBytes int64
-	Logger               *slog.Logger
-	Registerer           prometheus.Registerer
+	// Intake reads the bodies, under its deadline (then 408) and budget
+	// (then 503), which the support form shares; nil: no deadline or
+	// budget of its own.
+	Intake     *intake.Intake
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Flow runs deliveries through claim, apply, confirm or release. It is the
@@ -99,7 +98,7 @@ type Flow struct {
 	store          *Store
 	handlerTimeout time.Duration
 	poisonAfter    int64
-	intake         *intake
+	intake         *intake.Intake
 	logger         *slog.Logger
 	metrics        *metrics
 }
@@ -110,11 +109,15 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	bodies := cfg.Intake
+	if bodies == nil {
+		bodies = intake.New(intake.Config{})
+	}
 	return &Flow{
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
 		poisonAfter:    int64(cfg.PoisonAfter),
-		intake:         &intake{timeout: cfg.BodyReadTimeout, budget: cfg.MaxInflightBodyBytes},
+		intake:         bodies,
 		logger:         logger,
 		metrics:        newMetrics(cfg.Registerer),
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/munchable/munchable-webhooks/internal/intake"
 )
 
 var stripe = Provider{Name: "stripe", DedupeTTL: time.Hour}
@@ -288,8 +290,8 @@ func TestRespond(t *testing.T) {
 		{"rejected", verdict{outcome: Rejected, err: errors.New("bad signature")}, 400, "", "", ""},
 		{"too large", verdict{outcome: Rejected, err: &http.MaxBytesError{Limit: MaxBody}}, 413, "", "", ""},
 		{"not JSON", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", ErrNotJSON)}, 415, "", "", ""},
-		{"body too slow", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", errBodyTimeout)}, 408, "", "", `{"error":"body not received in time"}`},
-		{"body budget spent", verdict{outcome: Rejected, err: errBodyBudget}, 503, "", "5", ""},
+		{"body too slow", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", intake.ErrTimeout)}, 408, "", "", `{"error":"body not received in time"}`},
+		{"body budget spent", verdict{outcome: Rejected, err: intake.ErrBudget}, 503, "", "5", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

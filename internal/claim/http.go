@@ -2,17 +2,14 @@ package claim
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"math"
 	"mime"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/munchable/munchable-webhooks/internal/intake"
 )
 
 // Decode verifies a delivery's raw body against its headers and decodes the
@@ -36,13 +33,6 @@ var (
 	// ErrNotJSON rejects a webhook whose Content-Type is not JSON (415).
 	// Both providers always send application/json.
 	ErrNotJSON = errors.New("media_type")
-
-	// errBodyTimeout: the body did not arrive within the body deadline
-	// (408). A slow client, not a forgery: never counted as rejected.
-	errBodyTimeout = errors.New("body_timeout")
-	// errBodyBudget: bodies being read hold the whole in-flight budget
-	// (503 + Retry-After; both providers retry).
-	errBodyBudget = errors.New("body_budget")
 )
 
 const (
@@ -72,9 +62,10 @@ func rejection(err error) string {
 		return reasonTimestamp
 	case errors.Is(err, ErrInvalidID):
 		return reasonInvalidID
-	case errors.Is(err, errBodyTimeout):
+	case errors.Is(err, intake.ErrTimeout):
+		// A slow client, not a forgery: never counted as rejected.
 		return reasonBodyTimeout
-	case errors.Is(err, errBodyBudget):
+	case errors.Is(err, intake.ErrBudget):
 		return reasonBodyBudget
 	}
 	return reasonMalformed
@@ -92,15 +83,19 @@ const MaxIDLen = 255
 func (e *Endpoint) Handler(decode Decode) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		b, err := e.flow.intake.read(w, r)
+		if !isJSON(r.Header.Get("Content-Type")) {
+			e.answer(w, r, Event{}, verdict{outcome: Rejected, err: ErrNotJSON}, start)
+			return
+		}
+		b, err := e.flow.intake.Read(w, r, MaxBody)
 		if err != nil {
 			e.answer(w, r, Event{}, verdict{outcome: Rejected, err: err}, start)
 			return
 		}
 		// The buffer is reused once this delivery is answered: decode must
 		// copy what it keeps, and the flow only fingerprints the bytes.
-		defer b.recycle()
-		ev, err := decode(r.Header, b.data)
+		defer b.Release()
+		ev, err := decode(r.Header, b.Bytes())
 		if err == nil {
 			err = checkID(ev.ID)
 		}
@@ -111,7 +106,7 @@ func (e *Endpoint) Handler(decode Decode) http.Handler {
 		case ev.Apply == nil:
 			v = verdict{outcome: Ignored}
 		default:
-			v = e.flow.run(r.Context(), e.provider, b.data, ev)
+			v = e.flow.run(r.Context(), e.provider, b.Bytes(), ev)
 		}
 		e.answer(w, r, ev, v, start)
 	})
@@ -135,158 +130,6 @@ func checkID(id string) error {
 		}
 	}
 	return nil
-}
-
-// Bodies are read in chunks taken from a pool, so a request costs what it
-// has actually sent (rounded up to one chunk), never what it announced, and
-// never the doubling of a growing buffer: bytes.Buffer.ReadFrom held 2 MiB
-// of backing array for a 1 MiB body, and the 1 MiB it outgrew until the
-// next collection. A typical event (3-8 KiB for Stripe, less for Resend)
-// fits one chunk and is decoded in place; a larger one is copied once. Each
-// delivery in flight holds a chunk, so its size is paid per connection:
-// 16 KiB chunks were 1 MiB of live heap at 64 in flight (heap profile under
-// make bench), which the collector doubles into its heap goal.
-const chunkSize = 8 << 10
-
-// The first freeBodyBytes of every body are read outside the in-flight
-// budget: a real delivery is a few KiB and must be served while large
-// bodies hold all of it. Only what a body sends beyond them draws on it.
-const freeBodyBytes = 64 << 10
-
-// chunkPool and bodyPool are the package's only state besides sentinels: a
-// sync.Pool is safe for concurrent use and holds nothing that outlives a
-// request.
-var (
-	chunkPool = sync.Pool{New: func() any { return new([chunkSize]byte) }}
-	bodyPool  = sync.Pool{New: func() any { return new(body) }}
-)
-
-// intake reads webhook bodies under their own deadline and a memory budget
-// shared by every provider.
-type intake struct {
-	// timeout is the longest a body may take to arrive; 0: no deadline of
-	// its own (the server's ReadTimeout still holds).
-	timeout time.Duration
-	// budget is the bytes bodies may hold beyond their free part at once;
-	// 0: no budget.
-	budget int64
-	inUse  atomic.Int64
-}
-
-// take draws n bytes from the budget, or reports that they are not there.
-func (in *intake) take(n int64) bool {
-	for {
-		used := in.inUse.Load()
-		if used+n > in.budget {
-			return false
-		}
-		if in.inUse.CompareAndSwap(used, used+n) {
-			return true
-		}
-	}
-}
-
-// body is one request body: chunks while it is read, then data, the whole
-// body, which is the one chunk itself or a copy of all of them.
-type body struct {
-	in     *intake
-	chunks []*[chunkSize]byte
-	data   []byte
-	held   int64 // drawn from the budget; given back on recycle
-}
-
-// read reads r's body: JSON only, at most MaxBody bytes, within the body
-// deadline and the budget. The body's data is valid until recycle.
-func (in *intake) read(w http.ResponseWriter, r *http.Request) (*body, error) {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		return nil, ErrNotJSON
-	}
-	if in.timeout > 0 {
-		// The server's ReadTimeout spans headers and body and is long; a
-		// body trickled in a byte at a time must not hold its memory that
-		// long. A writer without a connection (a test recorder) cannot set
-		// a deadline and needs none.
-		err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(in.timeout))
-		if err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return nil, fmt.Errorf("set body deadline: %w", err)
-		}
-	}
-	b := bodyPool.Get().(*body)
-	b.in = in
-	src := http.MaxBytesReader(w, r.Body, MaxBody)
-	var n int
-	var free []byte // the unread tail of the last chunk
-	for {
-		if len(free) == 0 {
-			if err := b.grow(); err != nil {
-				b.recycle()
-				return nil, err
-			}
-			free = b.chunks[len(b.chunks)-1][:]
-		}
-		m, err := src.Read(free)
-		free, n = free[m:], n+m
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			b.recycle()
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("%w after %s: %w", errBodyTimeout, in.timeout, err)
-			}
-			return nil, err
-		}
-	}
-	b.join(n)
-	return b, nil
-}
-
-// grow adds a chunk, drawing it from the budget once the body has used its
-// free part.
-func (b *body) grow() error {
-	if b.in.budget > 0 && len(b.chunks)*chunkSize >= freeBodyBytes {
-		if !b.in.take(chunkSize) {
-			return errBodyBudget
-		}
-		b.held += chunkSize
-	}
-	b.chunks = append(b.chunks, chunkPool.Get().(*[chunkSize]byte))
-	return nil
-}
-
-// join makes the first n bytes of the chunks one slice. A body of one chunk
-// is used in place; a longer one is copied once and its chunks go back to
-// the pool (the budget it drew stays held until recycle, as the copy is as
-// large).
-func (b *body) join(n int) {
-	if n <= chunkSize {
-		b.data = b.chunks[0][:n]
-		return
-	}
-	b.data = make([]byte, 0, n)
-	for _, c := range b.chunks {
-		b.data = append(b.data, c[:min(chunkSize, n-len(b.data))]...)
-	}
-	b.putChunks()
-}
-
-func (b *body) putChunks() {
-	for i, c := range b.chunks {
-		chunkPool.Put(c)
-		b.chunks[i] = nil
-	}
-	b.chunks = b.chunks[:0]
-}
-
-// recycle gives back the chunks and the budget; nothing may use the body's
-// bytes after.
-func (b *body) recycle() {
-	b.putChunks()
-	if b.held > 0 {
-		b.in.inUse.Add(-b.held)
-	}
-	*b = body{chunks: b.chunks}
-	bodyPool.Put(b)
 }
 
 func isJSON(contentType string) bool {
@@ -361,7 +204,7 @@ func respond(w http.ResponseWriter, v verdict) {
 			status, body = http.StatusRequestTimeout, bodyTimeout
 		case reasonBodyBudget:
 			status, body = http.StatusServiceUnavailable, bodyBusy
-			h.Set("Retry-After", retryAfter(budgetRetry))
+			h.Set("Retry-After", retryAfter(intake.RetryAfter))
 		}
 	default:
 		status, body = http.StatusInternalServerError, bodyFailed
@@ -372,10 +215,6 @@ func respond(w http.ResponseWriter, v verdict) {
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
-
-// budgetRetry is the Retry-After of a refusal for want of body budget: the
-// bodies holding it finish or time out within BODY_READ_TIMEOUT.
-const budgetRetry = 5 * time.Second
 
 // retryAfter renders d as whole seconds, rounded up, at least 1.
 func retryAfter(d time.Duration) string {

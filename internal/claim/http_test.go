@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/munchable/munchable-webhooks/internal/intake"
 )
 
 // intakeRig is one provider's Endpoint behind a real HTTP server, on a real
@@ -178,7 +180,7 @@ func TestRejectionReasons(t *testing.T) {
 // counted as body_timeout: a slow client, not a forged signature.
 func TestBodyReadTimeout(t *testing.T) {
 	t.Parallel()
-	r := newIntakeRig(t, FlowConfig{BodyReadTimeout: 300 * time.Millisecond})
+	r := newIntakeRig(t, FlowConfig{Intake: intake.New(intake.Config{Timeout: 300 * time.Millisecond})})
 	c := r.partial(t, 3000, 100)
 	if resp := answer(t, c); resp.StatusCode != http.StatusRequestTimeout {
 		t.Fatalf("status = %d, want 408", resp.StatusCode)
@@ -202,20 +204,23 @@ func TestBodyReadTimeout(t *testing.T) {
 	}
 }
 
-// Large bodies being read hold at most the budget; beyond it a large body
-// is refused with 503 and Retry-After, while a small delivery, inside its
-// free part, is still served. The budget comes back when a body ends.
+// Every body byte held counts against the budget; a growing body is
+// refused with 503 and Retry-After before it eats into the reserve kept for
+// first chunks, so a small delivery is still served while large bodies hold
+// the rest. The budget comes back when a body ends.
 func TestBodyBudget(t *testing.T) {
 	t.Parallel()
-	const budget = 4 * chunkSize
-	r := newIntakeRig(t, FlowConfig{MaxInflightBodyBytes: budget})
+	const budget = 8 * intake.ChunkSize
+	// The reserve: a chunk for each of 2 connections.
+	bodies := intake.New(intake.Config{Budget: budget, MaxConnections: 2})
+	r := newIntakeRig(t, FlowConfig{Intake: bodies})
 
-	// The holder has sent its free part and 2.5 chunks more: it holds
-	// three chunks of the budget.
-	holder := r.partial(t, MaxBody, freeBodyBytes+5*chunkSize/2)
-	waitInUse(t, r.flow.intake, 3*chunkSize)
+	// The holder has sent 4.5 chunks: it holds five of the six a body may
+	// grow into.
+	holder := r.partial(t, MaxBody, 9*intake.ChunkSize/2)
+	waitInUse(t, bodies, 5*intake.ChunkSize)
 
-	big := []byte(`{"id":"evt_big","pad":"` + strings.Repeat("x", freeBodyBytes+2*chunkSize) + `"}`)
+	big := []byte(`{"id":"evt_big","pad":"` + strings.Repeat("x", 2*intake.ChunkSize) + `"}`)
 	resp := r.post(t, "application/json", big)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "5" {
 		t.Errorf("large body over the budget: %d Retry-After %q, want 503 Retry-After 5", resp.StatusCode, resp.Header.Get("Retry-After"))
@@ -232,48 +237,22 @@ func TestBodyBudget(t *testing.T) {
 	}
 
 	holder.Close()
-	waitInUse(t, r.flow.intake, 0)
+	waitInUse(t, bodies, 0)
 	if resp := r.post(t, "application/json", big); resp.StatusCode != http.StatusOK {
 		t.Errorf("large body once the budget is free: status = %d, want 200", resp.StatusCode)
 	}
-	waitInUse(t, r.flow.intake, 0)
+	waitInUse(t, bodies, 0)
 }
 
-func waitInUse(t *testing.T, in *intake, want int64) {
+func waitInUse(t *testing.T, in *intake.Intake, want int64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	for in.inUse.Load() != want {
+	for in.InUse() != want {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("budget in use = %d, want %d", in.inUse.Load(), want)
+			t.Fatalf("budget in use = %d, want %d", in.InUse(), want)
 		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// A body is handed to decode byte for byte whatever its size relative to
-// the chunks, and reading it costs no budget once it is recycled.
-func TestReadBodyIntact(t *testing.T) {
-	t.Parallel()
-	in := &intake{budget: MaxBody}
-	for _, n := range []int{0, 1, chunkSize - 1, chunkSize, chunkSize + 1, freeBodyBytes, freeBodyBytes + 1, 300 << 10, MaxBody} {
-		body := make([]byte, n)
-		for i := range body {
-			body[i] = byte(i * 7 % 251)
-		}
-		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		b, err := in.read(httptest.NewRecorder(), r)
-		if err != nil {
-			t.Fatalf("%d bytes: %v", n, err)
-		}
-		if !bytes.Equal(b.data, body) {
-			t.Errorf("%d bytes: read %d bytes that differ from those sent", n, len(b.data))
-		}
-		b.recycle()
-		if got := in.inUse.Load(); got != 0 {
-			t.Errorf("%d bytes: budget in use after recycle = %d, want 0", n, got)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"mime"
@@ -23,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/cors"
+
+	"github.com/munchable/munchable-webhooks/internal/intake"
 )
 
 // Limits of the support form. Lengths are in characters (runes), as a
@@ -93,6 +94,10 @@ type FormConfig struct {
 	// DatabaseMaxConns is the size of the queue's pool: the form holds at
 	// most a quarter of it (at least one connection).
 	DatabaseMaxConns int
+	// Intake reads the form's body, as it reads the webhooks': under
+	// BODY_READ_TIMEOUT (408) and within the one body budget (503); nil:
+	// no deadline or budget of its own.
+	Intake *intake.Intake
 	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -108,6 +113,7 @@ type Form struct {
 	pages       *pages
 	redirectURL string
 	dbSlots     chan struct{}
+	bodies      *intake.Intake
 	trusted     []netip.Prefix
 	logger      *slog.Logger
 	submissions *prometheus.CounterVec
@@ -119,8 +125,13 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	bodies := cfg.Intake
+	if bodies == nil {
+		bodies = intake.New(intake.Config{})
+	}
 	f := &Form{
 		queue:       q,
+		bodies:      bodies,
 		origins:     newOrigins(cfg.Origins),
 		pages:       newPages(cfg.RedirectURL),
 		redirectURL: cfg.RedirectURL,
@@ -166,11 +177,14 @@ func (f *Form) Submit() http.Handler {
 
 func (f *Form) submit(w http.ResponseWriter, r *http.Request) {
 	html := wantsHTML(r)
-	in, errs, err := decode(w, r)
+	in, errs, err := f.decode(w, r)
 	if err != nil {
 		f.submissions.WithLabelValues(outcomeInvalid).Inc()
 		var ref *refusal
 		errors.As(err, &ref)
+		if ref.status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", formRetryAfter)
+		}
 		f.problem(w, html, ref.status, ref.msg)
 		return
 	}
@@ -216,30 +230,41 @@ func (e *refusal) Error() string { return e.msg }
 
 // decode reads the posted form, JSON or urlencoded, recording in the
 // returned fieldErrors what is wrong with single fields; a *refusal when
-// the body cannot be read as a form at all.
-func decode(w http.ResponseWriter, r *http.Request) (form, fieldErrors, error) {
+// the body cannot be read as a form at all. The body is read by the same
+// intake as the webhooks': a slow one gets 408 at BODY_READ_TIMEOUT rather
+// than holding its memory until the server's ReadTimeout, and what it holds
+// counts against the one body budget.
+func (f *Form) decode(w http.ResponseWriter, r *http.Request) (form, fieldErrors, error) {
 	ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || (ct != contentJSON && ct != contentForm) {
 		return form{}, nil, &refusal{http.StatusUnsupportedMediaType, "content type must be application/json or application/x-www-form-urlencoded"}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFormBody))
+	b, err := f.bodies.Read(w, r, maxFormBody)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		switch {
+		case errors.As(err, &tooLarge):
 			return form{}, nil, &refusal{http.StatusRequestEntityTooLarge, "body too large"}
+		case errors.Is(err, intake.ErrTimeout):
+			return form{}, nil, &refusal{http.StatusRequestTimeout, "body not received in time"}
+		case errors.Is(err, intake.ErrBudget):
+			return form{}, nil, &refusal{http.StatusServiceUnavailable, "too many messages being sent, try again in a few seconds"}
 		}
 		return form{}, nil, &refusal{http.StatusBadRequest, "could not read body"}
 	}
+	// Both decoders copy what they keep into strings.
+	defer b.Release()
+	body := b.Bytes()
 	errs := fieldErrors{}
 	decodeBody := decodeForm
 	if ct == contentJSON {
 		decodeBody = decodeJSON
 	}
-	f, err := decodeBody(body, errs)
+	in, err := decodeBody(body, errs)
 	if err != nil {
 		return form{}, nil, &refusal{http.StatusBadRequest, err.Error()}
 	}
-	return f, errs, nil
+	return in, errs, nil
 }
 
 // message is the queued message of a valid form.
