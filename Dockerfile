@@ -14,8 +14,8 @@ COPY . .
 ARG VERSION=dev
 ARG TARGETOS
 ARG TARGETARCH
-# The flags are the Makefile's BUILD_FLAGS (cmd/munchable-webhooks/deploy_test.go
-# holds the two together). CGO_ENABLED=0 makes a static binary, which is what
+# The flags are the Makefile's BUILD_FLAGS (deploy/docker_test.go holds the
+# two together). CGO_ENABLED=0 makes a static binary, which is what
 # the distroless static image can run.
 RUN --mount=type=cache,target=/root/.cache/go-build \
     GOOS=$TARGETOS GOARCH=$TARGETARCH \
