@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -117,6 +118,15 @@ func TestDockerfile(t *testing.T) {
 		mods, download, source := index(build, "COPY", "go.mod", "go.sum", "./"), index(build, "RUN", "go mod download"), index(build, "COPY", ".", ".")
 		if mods < 0 || download < 0 || source < 0 || !(mods < download && download < source) {
 			t.Errorf("build stage: want COPY go.mod go.sum ./, RUN go mod download, then COPY . . (at %d, %d, %d)", mods, download, source)
+		}
+	})
+
+	t.Run("base images are pinned by digest", func(t *testing.T) {
+		pinned := regexp.MustCompile(`^[a-z0-9./-]+:[a-z0-9.-]+@sha256:[0-9a-f]{64}$`)
+		for i, stage := range d.Stages {
+			if image := stage[0].Args[0]; !pinned.MatchString(image) {
+				t.Errorf("stage %d is FROM %s, want name:tag@sha256:digest (a tag moves; a release must rebuild the same image)", i, image)
+			}
 		}
 	})
 
