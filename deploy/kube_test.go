@@ -77,122 +77,138 @@ func TestKustomization(t *testing.T) {
 	}
 }
 
-func TestKubernetesManifests(t *testing.T) {
+// deployment is the Deployment's spec and the labels of its pods.
+func deployment(t *testing.T, m deploy.Manifests) (deploy.Deployment, map[string]string) {
+	t.Helper()
+	d := spec[deploy.Deployment](t, m, "Deployment", "munchable-webhooks")
+	return d, d.Template.Metadata.Labels
+}
+
+// Secrets are referenced by name, never held; each object is defined once.
+func TestManifestObjects(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for _, o := range manifests(t).Objects {
+		if o.Kind == "Secret" {
+			t.Errorf("%s holds a Secret: secrets are referenced by name only", o.File)
+		}
+		if key := o.Kind + "/" + o.Metadata.Name; seen[key] {
+			t.Errorf("%s defined twice", key)
+		} else {
+			seen[key] = true
+		}
+	}
+}
+
+func TestDeployment(t *testing.T) {
+	t.Parallel()
+	d, pods := deployment(t, manifests(t))
+	// The HPA owns the count: a replicas field would reset it on every apply.
+	if d.Replicas != nil {
+		t.Errorf("deployment sets replicas: %d, while hpa.yaml scales it", *d.Replicas)
+	}
+	if !deploy.Selects(d.Selector.MatchLabels, pods) {
+		t.Errorf("deployment selector %v does not select its pods %v", d.Selector.MatchLabels, pods)
+	}
+	checkPod(t, d.Template)
+	c := d.Template.Spec.Containers[0]
+	if !cmp.Equal(c.Args, []string{"serve"}) {
+		t.Errorf("deployment args = %v, want [serve]", c.Args)
+	}
+	if c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil {
+		t.Error("no preStop sleep: SIGTERM would close the listener while endpoints still route to the pod")
+	}
+	if d.Template.Spec.TerminationGracePeriodSeconds == nil {
+		t.Error("no terminationGracePeriodSeconds (the default 30 s is under HANDLER_TIMEOUT plus the pause)")
+	}
+}
+
+type service struct {
+	Selector map[string]string `yaml:"selector"`
+	Ports    []struct {
+		TargetPort yaml.Node `yaml:"targetPort"`
+	} `yaml:"ports"`
+}
+
+type pdb struct {
+	MinAvailable   *int                 `yaml:"minAvailable"`
+	MaxUnavailable *int                 `yaml:"maxUnavailable"`
+	Selector       deploy.LabelSelector `yaml:"selector"`
+}
+
+// The load balancer's way in reaches the pods' http port, never metrics.
+func TestService(t *testing.T) {
 	t.Parallel()
 	m := manifests(t)
-	deployment := spec[deploy.Deployment](t, m, "Deployment", "munchable-webhooks")
-	pods := deployment.Template.Metadata.Labels
+	d, pods := deployment(t, m)
+	svc := spec[service](t, m, "Service", "munchable-webhooks")
+	if !deploy.Selects(svc.Selector, pods) {
+		t.Errorf("service selector %v does not select the pods %v", svc.Selector, pods)
+	}
+	c := d.Template.Spec.Containers[0]
+	http, metrics := c.PortByName()["http"], c.PortByName()["metrics"]
+	for _, p := range svc.Ports {
+		switch c.Port(p.TargetPort) {
+		case http:
+		case metrics:
+			t.Errorf("service exposes the metrics port (targetPort %q) to the load balancer", p.TargetPort.Value)
+		default:
+			t.Errorf("service targetPort %q is not the container port http (%d)", p.TargetPort.Value, http)
+		}
+	}
+}
 
-	t.Run("objects", func(t *testing.T) {
-		seen := map[string]bool{}
-		for _, o := range m.Objects {
-			if o.Kind == "Secret" {
-				t.Errorf("%s holds a Secret: secrets are referenced by name only", o.File)
-			}
-			if key := o.Kind + "/" + o.Metadata.Name; seen[key] {
-				t.Errorf("%s defined twice", key)
-			} else {
-				seen[key] = true
-			}
-		}
-	})
+func TestPodDisruptionBudget(t *testing.T) {
+	t.Parallel()
+	m := manifests(t)
+	_, pods := deployment(t, m)
+	b := spec[pdb](t, m, "PodDisruptionBudget", "munchable-webhooks")
+	if !deploy.Selects(b.Selector.MatchLabels, pods) {
+		t.Errorf("PDB selector %v does not select the pods", b.Selector.MatchLabels)
+	}
+	if !(b.MinAvailable != nil && *b.MinAvailable == 2 && b.MaxUnavailable == nil) &&
+		!(b.MaxUnavailable != nil && *b.MaxUnavailable == 1 && b.MinAvailable == nil) {
+		t.Errorf("PDB = %+v, want minAvailable 2 or maxUnavailable 1", b)
+	}
+}
 
-	t.Run("Deployment", func(t *testing.T) {
-		// The HPA owns the count: a replicas field would reset it on every apply.
-		if deployment.Replicas != nil {
-			t.Errorf("deployment sets replicas: %d, while hpa.yaml scales it", *deployment.Replicas)
-		}
-		if !deploy.Selects(deployment.Selector.MatchLabels, pods) {
-			t.Errorf("deployment selector %v does not select its pods %v", deployment.Selector.MatchLabels, pods)
-		}
-		checkPod(t, deployment.Template)
-		c := deployment.Template.Spec.Containers[0]
-		if !cmp.Equal(c.Args, []string{"serve"}) {
-			t.Errorf("deployment args = %v, want [serve]", c.Args)
-		}
-		if c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil {
-			t.Error("no preStop sleep: SIGTERM would close the listener while endpoints still route to the pod")
-		}
-		if deployment.Template.Spec.TerminationGracePeriodSeconds == nil {
-			t.Error("no terminationGracePeriodSeconds (the default 30 s is under HANDLER_TIMEOUT plus the pause)")
-		}
-	})
+func TestHorizontalPodAutoscaler(t *testing.T) {
+	t.Parallel()
+	hpa := spec[struct {
+		ScaleTargetRef struct{ Kind, Name string } `yaml:"scaleTargetRef"`
+		MinReplicas    int                         `yaml:"minReplicas"`
+		MaxReplicas    int                         `yaml:"maxReplicas"`
+		Metrics        []struct {
+			Resource struct{ Name string } `yaml:"resource"`
+		} `yaml:"metrics"`
+	}](t, manifests(t), "HorizontalPodAutoscaler", "munchable-webhooks")
+	if hpa.ScaleTargetRef.Kind != "Deployment" || hpa.ScaleTargetRef.Name != "munchable-webhooks" {
+		t.Errorf("HPA scales %+v", hpa.ScaleTargetRef)
+	}
+	// With the PDB's one pod down, at least two keep serving.
+	if hpa.MinReplicas < 3 || hpa.MaxReplicas < hpa.MinReplicas {
+		t.Errorf("HPA replicas %d..%d, want a floor of at least 3", hpa.MinReplicas, hpa.MaxReplicas)
+	}
+	if len(hpa.Metrics) != 1 || hpa.Metrics[0].Resource.Name != "cpu" {
+		t.Errorf("HPA metrics %+v, want CPU", hpa.Metrics)
+	}
+}
 
-	t.Run("Service", func(t *testing.T) {
-		svc := spec[struct {
-			Selector map[string]string `yaml:"selector"`
-			Ports    []struct {
-				TargetPort yaml.Node `yaml:"targetPort"`
-			} `yaml:"ports"`
-		}](t, m, "Service", "munchable-webhooks")
-		if !deploy.Selects(svc.Selector, pods) {
-			t.Errorf("service selector %v does not select the pods %v", svc.Selector, pods)
-		}
-		c := deployment.Template.Spec.Containers[0]
-		http, metrics := c.PortByName()["http"], c.PortByName()["metrics"]
-		for _, p := range svc.Ports {
-			switch c.Port(p.TargetPort) {
-			case http:
-			case metrics:
-				t.Errorf("service exposes the metrics port (targetPort %q) to the load balancer", p.TargetPort.Value)
-			default:
-				t.Errorf("service targetPort %q is not the container port http (%d)", p.TargetPort.Value, http)
-			}
-		}
-	})
-
-	t.Run("PodDisruptionBudget", func(t *testing.T) {
-		pdb := spec[struct {
-			MinAvailable   *int                 `yaml:"minAvailable"`
-			MaxUnavailable *int                 `yaml:"maxUnavailable"`
-			Selector       deploy.LabelSelector `yaml:"selector"`
-		}](t, m, "PodDisruptionBudget", "munchable-webhooks")
-		if !deploy.Selects(pdb.Selector.MatchLabels, pods) {
-			t.Errorf("PDB selector %v does not select the pods", pdb.Selector.MatchLabels)
-		}
-		if !(pdb.MinAvailable != nil && *pdb.MinAvailable == 2 && pdb.MaxUnavailable == nil) &&
-			!(pdb.MaxUnavailable != nil && *pdb.MaxUnavailable == 1 && pdb.MinAvailable == nil) {
-			t.Errorf("PDB = %+v, want minAvailable 2 or maxUnavailable 1", pdb)
-		}
-	})
-
-	t.Run("HorizontalPodAutoscaler", func(t *testing.T) {
-		hpa := spec[struct {
-			ScaleTargetRef struct{ Kind, Name string } `yaml:"scaleTargetRef"`
-			MinReplicas    int                         `yaml:"minReplicas"`
-			MaxReplicas    int                         `yaml:"maxReplicas"`
-			Metrics        []struct {
-				Resource struct{ Name string } `yaml:"resource"`
-			} `yaml:"metrics"`
-		}](t, m, "HorizontalPodAutoscaler", "munchable-webhooks")
-		if hpa.ScaleTargetRef.Kind != "Deployment" || hpa.ScaleTargetRef.Name != "munchable-webhooks" {
-			t.Errorf("HPA scales %+v", hpa.ScaleTargetRef)
-		}
-		// With the PDB's one pod down, at least two keep serving.
-		if hpa.MinReplicas < 3 || hpa.MaxReplicas < hpa.MinReplicas {
-			t.Errorf("HPA replicas %d..%d, want a floor of at least 3", hpa.MinReplicas, hpa.MaxReplicas)
-		}
-		if len(hpa.Metrics) != 1 || hpa.Metrics[0].Resource.Name != "cpu" {
-			t.Errorf("HPA metrics %+v, want CPU", hpa.Metrics)
-		}
-	})
-
-	t.Run("migration Job", func(t *testing.T) {
-		job := spec[deploy.Job](t, m, "Job", "munchable-webhooks-migrate")
-		checkPod(t, job.Template)
-		svc := spec[struct {
-			Selector map[string]string `yaml:"selector"`
-		}](t, m, "Service", "munchable-webhooks")
-		pdb := spec[struct {
-			Selector deploy.LabelSelector `yaml:"selector"`
-		}](t, m, "PodDisruptionBudget", "munchable-webhooks")
-		if labels := job.Template.Metadata.Labels; deploy.Selects(svc.Selector, labels) || deploy.Selects(pdb.Selector.MatchLabels, labels) {
-			t.Error("the Service or the PDB selects the migration job's pod")
-		}
-		if cs := job.Template.Spec.Containers; !cmp.Equal(cs[0].Args, []string{"migrate"}) {
-			t.Errorf("migration job runs %v, want migrate", cs[0].Args)
-		}
-	})
+// The migration Job runs migrate, and neither the Service nor the PDB
+// counts its pod as one of the service's.
+func TestMigrationJob(t *testing.T) {
+	t.Parallel()
+	m := manifests(t)
+	job := spec[deploy.Job](t, m, "Job", "munchable-webhooks-migrate")
+	checkPod(t, job.Template)
+	svc := spec[service](t, m, "Service", "munchable-webhooks")
+	b := spec[pdb](t, m, "PodDisruptionBudget", "munchable-webhooks")
+	if labels := job.Template.Metadata.Labels; deploy.Selects(svc.Selector, labels) || deploy.Selects(b.Selector.MatchLabels, labels) {
+		t.Error("the Service or the PDB selects the migration job's pod")
+	}
+	if c := job.Template.Spec.Containers[0]; !cmp.Equal(c.Args, []string{"migrate"}) {
+		t.Errorf("migration job runs %v, want migrate", c.Args)
+	}
 }
 
 // checkPod checks a pod template's one container and its security: non-root

@@ -190,43 +190,7 @@ func TestDeploymentEnvironment(t *testing.T) {
 	})
 
 	t.Run("ports: http is LISTEN_ADDR, metrics is METRICS_ADDR", func(t *testing.T) {
-		port, _ := strconv.Atoi(listenPort(t, cfg.ListenAddr))
-		if cfg.MetricsAddr == "" {
-			t.Fatal("the deployment does not set METRICS_ADDR: /metrics would be on the public port")
-		}
-		metricsPort, _ := strconv.Atoi(listenPort(t, cfg.MetricsAddr))
-		if want := map[string]int{"http": port, "metrics": metricsPort}; !cmp.Equal(c.PortByName(), want) || len(c.Ports) != 2 {
-			t.Errorf("container ports %+v, want http %d (LISTEN_ADDR) and metrics %d (METRICS_ADDR)", c.Ports, port, metricsPort)
-		}
-		wantScrape := map[string]string{
-			"prometheus.io/scrape": "true",
-			"prometheus.io/port":   strconv.Itoa(metricsPort),
-			"prometheus.io/path":   "/metrics",
-		}
-		for k, v := range wantScrape {
-			if got := pod.Metadata.Annotations[k]; got != v {
-				t.Errorf("pod annotation %s = %q, want %q", k, got, v)
-			}
-		}
-		for _, p := range []struct {
-			name  string
-			probe *deploy.Probe
-			path  string
-		}{
-			{"readiness", c.ReadinessProbe, "/readyz"},
-			{"liveness", c.LivenessProbe, "/healthz"},
-			{"startup", c.StartupProbe, "/healthz"},
-		} {
-			if p.probe == nil || p.probe.HTTPGet == nil {
-				if p.name != "startup" {
-					t.Errorf("no %s httpGet probe", p.name)
-				}
-				continue
-			}
-			if get := p.probe.HTTPGet; get.Path != p.path || c.Port(get.Port) != port {
-				t.Errorf("%s probe GET %s on port %q, want %s on %d", p.name, get.Path, get.Port.Value, p.path, port)
-			}
-		}
+		checkPorts(t, cfg, pod)
 	})
 
 	t.Run("shutdown fits in the grace period", func(t *testing.T) {
@@ -334,5 +298,49 @@ func TestDockerfileExposesListenPort(t *testing.T) {
 	}
 	if want := [][]string{{listenPort(t, cfg.ListenAddr)}}; !cmp.Equal(exposed, want) {
 		t.Errorf("the image exposes %v, want %v (LISTEN_ADDR's default)", exposed, want)
+	}
+}
+
+// checkPorts checks the container's ports, the scrape annotations and the
+// probes against LISTEN_ADDR and METRICS_ADDR.
+func checkPorts(t *testing.T, cfg config, pod deploy.PodTemplate) {
+	t.Helper()
+	c := pod.Spec.Containers[0]
+	port, _ := strconv.Atoi(listenPort(t, cfg.ListenAddr))
+	if cfg.MetricsAddr == "" {
+		t.Fatal("the deployment does not set METRICS_ADDR: /metrics would be on the public port")
+	}
+	metricsPort, _ := strconv.Atoi(listenPort(t, cfg.MetricsAddr))
+	if want := map[string]int{"http": port, "metrics": metricsPort}; !cmp.Equal(c.PortByName(), want) || len(c.Ports) != 2 {
+		t.Errorf("container ports %+v, want http %d (LISTEN_ADDR) and metrics %d (METRICS_ADDR)", c.Ports, port, metricsPort)
+	}
+	wantScrape := map[string]string{
+		"prometheus.io/scrape": "true",
+		"prometheus.io/port":   strconv.Itoa(metricsPort),
+		"prometheus.io/path":   "/metrics",
+	}
+	for k, v := range wantScrape {
+		if got := pod.Metadata.Annotations[k]; got != v {
+			t.Errorf("pod annotation %s = %q, want %q", k, got, v)
+		}
+	}
+	for _, p := range []struct {
+		name  string
+		probe *deploy.Probe
+		path  string
+	}{
+		{"readiness", c.ReadinessProbe, "/readyz"},
+		{"liveness", c.LivenessProbe, "/healthz"},
+		{"startup", c.StartupProbe, "/healthz"},
+	} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			if p.name != "startup" {
+				t.Errorf("no %s httpGet probe", p.name)
+			}
+			continue
+		}
+		if get := p.probe.HTTPGet; get.Path != p.path || c.Port(get.Port) != port {
+			t.Errorf("%s probe GET %s on port %q, want %s on %d", p.name, get.Path, get.Port.Value, p.path, port)
+		}
 	}
 }
