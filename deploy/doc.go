@@ -4,8 +4,8 @@
 // the tools themselves use where one exists: BuildKit's for the Dockerfile,
 // YAML for compose and the manifests.
 //
-// Only tests import it. Its own tests (deploy_test.go) hold the rules the
-// files keep among themselves; the tests of cmd/munchable-webhooks compare
-// the same files with the service's configuration, which only package main
-// can see.
+// Only tests import it. Its own tests (the *_test.go files here) hold the
+// rules the files keep among themselves and with the release workflow; the
+// tests of cmd/munchable-webhooks compare the same files with the service's
+// configuration, which only package main can see.
 package deploy
