@@ -27,11 +27,14 @@ run: build
 test: deps
 	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
 
-# lint also checks the alerting rules and runs their unit tests.
+# lint also checks the alerting rules and runs their unit tests, and checks
+# the GitHub Actions workflows with actionlint (pinned as a tool in go.mod,
+# like staticcheck).
 lint: deps
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
+	$(GO) tool actionlint
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts_test.yaml
 
