@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/redis/go-redis/v9"
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
@@ -82,8 +81,8 @@ type ClaimConfig struct {
 // so itself.
 func (c ClaimConfig) check(add addProblem) {
 	if c.RedisURL != "" {
-		if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
-			add("REDIS_URL is invalid: want redis://host:port[/db] or rediss://host:port[/db]")
+		if _, err := parseRedisURL(string(c.RedisURL)); err != nil {
+			add("REDIS_URL is invalid: %s", redisURLForms)
 		}
 	}
 	positive := []struct {

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -62,9 +64,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	defer closeRedis()
 
 	registry := newRegistry()
-	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
-		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
-	}
+	claimsUsable := newClaimProbe(claims, logger)
+	registry.MustRegister(claimsUsable.gauge())
+	_ = claimsUsable.check(ctx) // logs why when claims do not work yet
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
@@ -91,7 +93,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	var draining atomic.Bool
 	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
 	handler := newServer(logger,
-		handleReadyz(probe, claims, &draining),
+		handleReadyz(probe, claimsUsable, &draining),
 		publicMetrics(cfg, metrics),
 		stripehook.New(stripehook.Config{
 			Store:      entitlements.NewStore(pool, registry),
@@ -280,40 +282,153 @@ func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) err
 	return nil
 }
 
-// openRedis returns nil for an empty URL: claims disabled.
-func openRedis(url string, timeout time.Duration) (*redis.Client, error) {
-	if url == "" {
+// redisURLForms is what REDIS_URL may be, for the messages that refuse it.
+const redisURLForms = "want redis[s]://[user:password@]host:port[/db] (one node, or any one node of a cluster)," +
+	" redis[s]://host:port?addr=host2:port2&addr=host3:port3 (a cluster)" +
+	" or redis[s]://[user:password@]sentinel:26379?master_name=NAME&addr=sentinel2:26379[&password=P] (Sentinel)"
+
+// redisTarget is REDIS_URL read in one of go-redis's three forms: exactly
+// one field is set.
+type redisTarget struct {
+	single   *redis.Options
+	cluster  *redis.ClusterOptions
+	failover *redis.FailoverOptions
+}
+
+// parseRedisURL reads REDIS_URL as go-redis reads each form: master_name
+// makes it Sentinel (redis.ParseFailoverURL), addr a cluster
+// (redis.ParseClusterURL), anything else one node (redis.ParseURL), which
+// openRedis may still find to be a cluster node.
+func parseRedisURL(raw string) (redisTarget, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redisTarget{}, err
+	}
+	q := u.Query()
+	switch {
+	case q.Has("master_name"):
+		if q.Get("master_name") == "" {
+			return redisTarget{}, errors.New("empty master_name")
+		}
+		o, err := redis.ParseFailoverURL(raw)
+		return redisTarget{failover: o}, err
+	case q.Has("addr"):
+		o, err := redis.ParseClusterURL(raw)
+		return redisTarget{cluster: o}, err
+	}
+	o, err := redis.ParseURL(raw)
+	return redisTarget{single: o}, err
+}
+
+// openRedis returns nil for an empty URL: claims disabled. A one-node URL
+// is asked (INFO cluster, within the timeout) whether it names a cluster
+// node, and if so is followed as a cluster: a plain client there would be
+// answered MOVED for most keys. When the node does not answer, it is taken
+// for a single node; the claim probe then shows whether claims work.
+func openRedis(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
+	if rawURL == "" {
 		return nil, nil
 	}
-	opts, err := redis.ParseURL(url)
+	target, err := parseRedisURL(rawURL)
 	if err != nil {
-		return nil, errors.New("REDIS_URL is invalid")
+		return nil, errors.New("REDIS_URL is invalid: " + redisURLForms) // the error would echo the URL
 	}
-	// Every call is bounded by REDIS_TIMEOUT and never retried: a slow Redis
-	// must degrade a delivery quickly, not multiply its wait.
-	opts.DialTimeout = timeout
-	opts.ReadTimeout = timeout
-	opts.WriteTimeout = timeout
-	opts.PoolTimeout = timeout
-	opts.ContextTimeoutEnabled = true
-	opts.MaxRetries = -1
-	// go-redis also retries a failed dial (5 times, 100 ms apart, by
-	// default), which made each delivery wait ~250-400 ms while Redis was
-	// down. One attempt fails fast; the cost is that recovery is noticed
-	// within about a second instead of at once.
-	opts.DialerRetries = 1
-	opts.PoolSize = 64
-	// A claim's commands and replies are a few hundred bytes, but go-redis
-	// gives every connection 32 KiB read and write buffers: with 64
-	// deliveries in flight that was 4 MiB, most of the heap (heap profile
-	// under 64 concurrent duplicates). 1 KiB holds any claim command or
-	// reply; a bigger reply just takes more reads.
-	opts.ReadBufferSize = 1 << 10
-	opts.WriteBufferSize = 1 << 10
-	opts.MinIdleConns = 4
-	opts.DisableIdentity = true
-	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewClient(opts), nil
+	switch {
+	case target.failover != nil:
+		return newFailoverClient(target.failover, timeout), nil
+	case target.cluster != nil:
+		return newClusterClient(target.cluster, timeout), nil
+	}
+	o := target.single
+	rdb := newSingleClient(o, timeout)
+	if isClusterNode(rdb, timeout) {
+		_ = rdb.Close()
+		return newClusterClient(&redis.ClusterOptions{
+			Addrs:     []string{o.Addr},
+			Username:  o.Username,
+			Password:  o.Password,
+			TLSConfig: o.TLSConfig,
+		}, timeout), nil
+	}
+	return rdb, nil
+}
+
+// isClusterNode asks a node whether it runs in cluster mode.
+func isClusterNode(rdb *redis.Client, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	info, err := rdb.Info(ctx, "cluster").Result()
+	return err == nil && strings.Contains(info, "cluster_enabled:1")
+}
+
+// The settings below hold for every form. Every call is bounded by
+// REDIS_TIMEOUT and never retried: a slow Redis must degrade a delivery
+// quickly, not multiply its wait.
+//
+// go-redis also retries a failed dial (5 times, 100 ms apart, by default),
+// which made each delivery wait ~250-400 ms while Redis was down. One
+// attempt fails fast; the cost is that recovery is noticed within about a
+// second instead of at once.
+//
+// A claim's commands and replies are a few hundred bytes, but go-redis
+// gives every connection 32 KiB read and write buffers: with 64 deliveries
+// in flight that was 4 MiB, most of the heap (heap profile under 64
+// concurrent duplicates). 1 KiB holds any claim command or reply; a bigger
+// reply just takes more reads.
+const (
+	redisPoolSize     = 64
+	redisMinIdleConns = 4
+	redisBufferSize   = 1 << 10
+)
+
+func newSingleClient(o *redis.Options, timeout time.Duration) *redis.Client {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return redis.NewClient(o)
+}
+
+// newFailoverClient follows the primary that the sentinels name, and moves
+// to the new one when they announce a switch.
+func newFailoverClient(o *redis.FailoverOptions, timeout time.Duration) *redis.Client {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	return redis.NewFailoverClient(o)
+}
+
+// newClusterClient follows the cluster's slot map. Each node's client
+// never retries (MaxRetries -1), but the cluster client's own loop runs
+// MaxRedirects+1 times and spends its extra turns both on MOVED/ASK
+// redirects and on repeating a command after a network error (go-redis
+// osscluster.go, process): -1 would leave no turn for a redirect, so a
+// resharded or failed-over slot would fail every claim. One turn follows
+// one redirect, or repeats a command once, inside the same REDIS_TIMEOUT
+// deadline. A repeated claim script finds its own processing claim and
+// answers in progress (409), never a wrong 2xx.
+func newClusterClient(o *redis.ClusterOptions, timeout time.Duration) *redis.ClusterClient {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.MaxRedirects = 1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return redis.NewClusterClient(o)
 }
 
 // redisLogger routes go-redis's own lines (pool and dial trouble) into JSON
