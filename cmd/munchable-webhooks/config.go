@@ -24,6 +24,9 @@ type config struct {
 	ListenAddr  string `env:"LISTEN_ADDR" envDefault:":8080"`
 	MetricsAddr string `env:"METRICS_ADDR"`
 	DatabaseURL secret `env:"DATABASE_URL"`
+	// MigrateDatabaseURL, when set, is where migrations run: a direct
+	// connection, when DATABASE_URL goes through a transaction pooler.
+	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
 	ClaimConfig
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
@@ -155,14 +158,15 @@ const defaultTrustedProxies = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0
 // migrateConfig is what the migrate command needs: a migration job should
 // not have to carry the webhook secrets.
 type migrateConfig struct {
-	DatabaseURL secret `env:"DATABASE_URL"`
-	LogLevel    string `env:"LOG_LEVEL" envDefault:"info"`
+	DatabaseURL        secret `env:"DATABASE_URL"`
+	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
+	LogLevel           string `env:"LOG_LEVEL" envDefault:"info"`
 }
 
 func (c *migrateConfig) validate() []error {
 	var p []error
-	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
-		p = append(p, errors.New("DATABASE_URL is required"))
+	if strings.TrimSpace(string(c.DatabaseURL)) == "" && strings.TrimSpace(string(c.MigrateDatabaseURL)) == "" {
+		p = append(p, errors.New("DATABASE_URL or MIGRATE_DATABASE_URL is required"))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		p = append(p, fmt.Errorf("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel))

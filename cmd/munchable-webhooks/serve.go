@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +55,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if err := migrateUp(ctx, pool, logger); err != nil {
+	if err := migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger); err != nil {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
@@ -234,12 +235,7 @@ func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	level, _ := parseLevel(cfg.LogLevel) // validated
 	logger := newLogger(stdout, level)
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	return migrateUp(ctx, pool, logger)
+	return migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger)
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
@@ -271,14 +267,95 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	return pool, nil
 }
 
-func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+// migrationURL is where migrations run: MIGRATE_DATABASE_URL when set,
+// else DATABASE_URL. name is the variable, for messages.
+type migrationURL struct{ name, url string }
+
+func migrationTarget(databaseURL, migrateURL secret) migrationURL {
+	if migrateURL != "" {
+		return migrationURL{"MIGRATE_DATABASE_URL", string(migrateURL)}
+	}
+	return migrationURL{"DATABASE_URL", string(databaseURL)}
+}
+
+// migrateUp applies the pending migrations over a pool of two connections
+// of its own, closed when they are done (the service's pool is sized for
+// deliveries, and may sit behind a transaction pooler). It first makes sure
+// the connections keep their sessions: goose's lock is a session advisory
+// lock, which a transaction pooler drops between statements, so two
+// replicas starting together would both take it.
+func migrateUp(ctx context.Context, target migrationURL, logger *slog.Logger) error {
+	pcfg, err := pgxpool.ParseConfig(target.url)
+	if err != nil {
+		return fmt.Errorf("%s is invalid", target.name) // the error would echo the URL
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("postgres (%s): %w", target.name, err)
+	}
+	defer pool.Close()
+	if err := requireSessions(ctx, pool); err != nil {
+		return fmt.Errorf("migrations over %s: %w", target.name, err)
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	applied, err := migrations.Apply(ctx, db, logger)
 	if err != nil {
 		return err
 	}
-	logger.Info("migrations applied", "count", len(applied), "applied", applied)
+	logger.Info("migrations applied", "count", len(applied), "applied", applied, "over", target.name)
+	return nil
+}
+
+// errTransactionPooler refuses migrations through a pooler that hands a
+// client's statements to whichever server connection is free.
+var errTransactionPooler = errors.New("the connection goes through a transaction (or statement) pooler, " +
+	"which drops the migration lock (a session advisory lock) between statements: " +
+	"set MIGRATE_DATABASE_URL to a direct connection to Postgres (or one through a session pooler)")
+
+// requireSessions checks that each client connection keeps one server
+// session: two connections ask for their backend's pid, the first asks
+// again. A direct or session-pooled connection gets the same pid twice and
+// never its neighbour's; a transaction pooler hands the second connection
+// the backend the first just freed (PgBouncer reuses the last one freed),
+// or the first a new one. The queries use the simple protocol, so the
+// check itself runs through any pooler in any pgx query mode.
+func requireSessions(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer a.Release()
+	b, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer b.Release()
+	pid := func(c *pgxpool.Conn) (int32, error) {
+		var p int32
+		err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&p)
+		return p, err
+	}
+	for range 3 {
+		a1, err := pid(a)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		b1, err := pid(b)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		a2, err := pid(a)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		if a1 == b1 || a1 != a2 {
+			return errTransactionPooler
+		}
+	}
 	return nil
 }
 
