@@ -133,6 +133,13 @@ func nodeOfSlot(t *testing.T, rdb *redis.ClusterClient, slot int64) string {
 	return ""
 }
 
+// onServer reports whether rdb's connection is to the server at addr
+// (CLIENT INFO's laddr is the server's end).
+func onServer(ctx context.Context, rdb *redis.Client, addr string) bool {
+	info, err := rdb.Do(ctx, "CLIENT", "INFO").Text()
+	return err == nil && strings.Contains(info, "laddr="+addr+" ")
+}
+
 // TestProbeFindsUnusableRedis: a probe fails wherever a claim would, while
 // PING may pass.
 func TestProbeFindsUnusableRedis(t *testing.T) {
@@ -199,6 +206,8 @@ func TestClaimsThroughSentinelFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts.MaxRetries = -1
+	// One connection, so "settled" below can say which server it is on.
+	opts.PoolSize = 1
 	rdb := redis.NewFailoverClient(opts)
 	t.Cleanup(func() { rdb.Close() })
 	s := NewStore(rdb, StoreConfig{Prefix: "test-sentinel", Timeout: 2 * time.Second, ProcessingTTL: time.Minute})
@@ -224,11 +233,12 @@ func TestClaimsThroughSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The client learns of the switch from the sentinel; until then a
-	// claim may fail (the delivery runs degraded, as designed). Settled
-	// means a probe works.
+	// The client learns of the switch from the sentinel (+switch-master),
+	// then drops its connections to the old primary; until then a claim
+	// may fail (the delivery runs degraded, as designed). Settled means
+	// the client's connection is to the new primary and a probe works.
 	settle := time.Now()
-	for s.Probe(ctx, "host") != nil {
+	for !onServer(ctx, rdb, newPrimary) || s.Probe(ctx, "host") != nil {
 		if time.Since(settle) > 30*time.Second {
 			t.Fatalf("claims still fail 30s after the failover to %s: %v", newPrimary, s.Probe(ctx, "host"))
 		}
