@@ -52,9 +52,9 @@ type RedisServer struct {
 	bin   string
 	dir   string
 	port  int
-	extra []string // arguments after the usual ones (cluster mode, replicaof, a password)
-	proc *process   // the latest run
-	tb   testing.TB // set by StartRedis, for Start
+	extra []string   // arguments after the usual ones (cluster mode, replicaof, a password)
+	proc  *process   // the latest run
+	tb    testing.TB // set by StartRedis, for Start
 }
 
 // StartRedis starts a redis-server on a free port and stops it in t.Cleanup.
