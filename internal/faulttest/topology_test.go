@@ -374,6 +374,29 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 	}
 }
 
+// TestServiceThroughPgBouncerSessionMode: in session mode a client keeps
+// its server connection, so pgx's default query mode and the migration
+// lock both work through it: the service migrates over DATABASE_URL alone
+// (the session check passes) and stores what it is sent.
+func TestServiceThroughPgBouncerSessionMode(t *testing.T) {
+	t.Parallel()
+	r := newTopoRig(t)
+	redisServer := dbtest.StartRedis(t)
+	// Each process holds DATABASE_MAX_CONNS + 1 server connections, plus
+	// two while it migrates.
+	bouncer := dbtest.StartPgBouncer(t, r.pg, "session", 20)
+	svc := r.serviceOn(map[string]string{
+		"DATABASE_URL":       bouncer.URL("postgres"),
+		"DATABASE_MAX_CONNS": "4",
+		"REDIS_URL":          redisServer.URL(),
+	})
+	evs := events("pgb_session", 20)
+	r.deliverAll([]*faulttest.Service{svc}, evs, "first")
+	if n := r.count(`SELECT count(*) FROM entitlements WHERE stripe_subscription_id LIKE 'sub_pgb_session_%'`); n != 20 {
+		t.Fatalf("%d entitlements through pgbouncer in session mode, want 20", n)
+	}
+}
+
 // TestServiceSeesUnusableRedis: REDIS_URL naming a replica, a sentinel's
 // port or a server with another password reads as unusable in /readyz
 // (which stays 200: the service fails open) and in the gauge, and the log
