@@ -117,16 +117,18 @@ func TestClaimsOnCluster(t *testing.T) {
 	}
 }
 
-// nodeOfSlot names the primary that serves slot.
+// nodeOfSlot names the shard (by its first node's id) that serves slot.
 func nodeOfSlot(t *testing.T, rdb *redis.ClusterClient, slot int64) string {
 	t.Helper()
-	slots, err := rdb.ClusterSlots(t.Context()).Result()
+	shards, err := rdb.ClusterShards(t.Context()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range slots {
-		if int64(r.Start) <= slot && slot <= int64(r.End) {
-			return r.Nodes[0].Addr
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start <= slot && slot <= r.End {
+				return sh.Nodes[0].ID
+			}
 		}
 	}
 	t.Fatalf("no node serves slot %d", slot)
