@@ -165,8 +165,10 @@ type migrateConfig struct {
 
 func (c *migrateConfig) validate() []error {
 	var p []error
-	if strings.TrimSpace(string(c.DatabaseURL)) == "" && strings.TrimSpace(string(c.MigrateDatabaseURL)) == "" {
-		p = append(p, errors.New("DATABASE_URL or MIGRATE_DATABASE_URL is required"))
+	// Required even with MIGRATE_DATABASE_URL, as for serve: one
+	// environment serves both.
+	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
+		p = append(p, errors.New("DATABASE_URL is required"))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		p = append(p, fmt.Errorf("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel))
