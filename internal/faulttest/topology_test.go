@@ -158,12 +158,14 @@ func events(prefix string, n int) []faulttest.StripeEvent {
 
 // TestServiceOnRedisCluster: REDIS_URL naming one node of a cluster, or the
 // cluster URL; 20 events whose keys spread over the three primaries (the
-// claim package checks the spread of such ids) are first, then duplicates,
+// test checks they do) are first, then duplicates,
 // never degraded.
 func TestServiceOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	r := newTopoRig(t)
 	cluster := dbtest.StartRedisCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
 	for _, c := range []struct{ name, url string }{
 		{"one node", cluster.Nodes[1].URL()},
 		{"cluster URL", cluster.URL()},
@@ -172,11 +174,46 @@ func TestServiceOnRedisCluster(t *testing.T) {
 			r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
 			svc := r.serviceOn(map[string]string{"REDIS_URL": c.url, "REDIS_KEY_PREFIX": "webhook-" + strings.ReplaceAll(c.name, " ", "-")})
 			wantClaimsWork(t, svc)
+			prefix := "webhook-" + strings.ReplaceAll(c.name, " ", "-")
 			evs := events("cluster_"+strings.ReplaceAll(c.name, " ", "_"), 20)
+			shards := map[string]int{}
+			for _, ev := range evs {
+				shards[shardOf(t, rdb, prefix+":stripe:"+ev.ID)]++
+			}
+			if len(shards) != 3 {
+				t.Fatalf("the 20 claim keys fall on %d primaries (%v), want all 3", len(shards), shards)
+			}
 			r.deliverAll([]*faulttest.Service{svc}, evs, "first")
 			r.deliverAll([]*faulttest.Service{svc}, evs, "duplicate")
+			for _, ev := range evs {
+				if v, err := rdb.Get(t.Context(), prefix+":stripe:"+ev.ID).Result(); err != nil || !strings.HasPrefix(v, "done|") {
+					t.Fatalf("claim key of %s on the cluster = %q, %v; want done", ev.ID, v, err)
+				}
+			}
 		})
 	}
+}
+
+// shardOf names the primary (by node id) that holds key.
+func shardOf(t *testing.T, rdb *redis.ClusterClient, key string) string {
+	t.Helper()
+	slot, err := rdb.ClusterKeySlot(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, err := rdb.ClusterShards(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start <= slot && slot <= r.End {
+				return sh.Nodes[0].ID
+			}
+		}
+	}
+	t.Fatalf("no primary holds slot %d", slot)
+	return ""
 }
 
 // TestServiceThroughSentinelFailover: deliveries before a SENTINEL
