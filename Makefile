@@ -23,9 +23,19 @@ run: build
 	./$(BIN) serve
 
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
-# TEST_REDIS_URL it starts throwaway postgres and redis-server first.
+# TEST_REDIS_URL it starts throwaway postgres and redis-server first. Then
+# the packages that write to Postgres run again in each pgx query mode a
+# transaction pooler needs (TEST_PGX_QUERY_MODE, read by internal/dbtest);
+# the default mode ran above. Those reruns skip -race: the mode changes
+# what goes over the wire, not what runs concurrently.
+STORE_PKGS := ./internal/entitlements ./internal/stripehook ./internal/support ./internal/resendhook
+QUERY_MODES := exec simple_protocol
 test: deps
-	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
+	$(GO) run ./tools/withservers -- sh -c '$(GO) test -race -count=1 ./... && \
+		for mode in $(QUERY_MODES); do \
+			echo "pgx query mode $$mode:"; \
+			TEST_PGX_QUERY_MODE=$$mode $(GO) test -count=1 $(STORE_PKGS) || exit 1; \
+		done'
 
 # lint also checks the alerting rules and runs their unit tests, and checks
 # the GitHub Actions workflows with actionlint (pinned as a tool in go.mod,

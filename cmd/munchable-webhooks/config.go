@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/redis/go-redis/v9"
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
@@ -25,6 +24,9 @@ type config struct {
 	ListenAddr  string `env:"LISTEN_ADDR" envDefault:":8080"`
 	MetricsAddr string `env:"METRICS_ADDR"`
 	DatabaseURL secret `env:"DATABASE_URL"`
+	// MigrateDatabaseURL, when set, is where migrations run: a direct
+	// connection, when DATABASE_URL goes through a transaction pooler.
+	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
 	ClaimConfig
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
@@ -84,8 +86,8 @@ type ClaimConfig struct {
 // so itself.
 func (c ClaimConfig) check(add addProblem) {
 	if c.RedisURL != "" {
-		if _, err := redis.ParseURL(string(c.RedisURL)); err != nil {
-			add("REDIS_URL is invalid: want redis://host:port[/db] or rediss://host:port[/db]")
+		if _, err := parseRedisURL(string(c.RedisURL)); err != nil {
+			add("REDIS_URL is invalid: %s", redisURLForms)
 		}
 	}
 	positive := []struct {
@@ -158,12 +160,15 @@ const defaultTrustedProxies = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.0
 // migrateConfig is what the migrate command needs: a migration job should
 // not have to carry the webhook secrets.
 type migrateConfig struct {
-	DatabaseURL secret `env:"DATABASE_URL"`
-	LogLevel    string `env:"LOG_LEVEL" envDefault:"info"`
+	DatabaseURL        secret `env:"DATABASE_URL"`
+	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
+	LogLevel           string `env:"LOG_LEVEL" envDefault:"info"`
 }
 
 func (c *migrateConfig) validate() []error {
 	var p []error
+	// Required even with MIGRATE_DATABASE_URL, as for serve: one
+	// environment serves both.
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
 		p = append(p, errors.New("DATABASE_URL is required"))
 	}

@@ -83,6 +83,8 @@ func TestConfigProblems(t *testing.T) {
 			[]string{`STRIPE_CLAIM_FAILURE_MODE is "maybe"`, `RESEND_CLAIM_FAILURE_MODE is "shut"`}},
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, []string{`LOG_LEVEL is "loud"`}},
 		{"redis url", map[string]string{"REDIS_URL": "http://nope"}, nil, []string{"REDIS_URL is invalid"}},
+		{"redis sentinel url without a name", map[string]string{"REDIS_URL": "redis://s1:26379?master_name="}, nil, []string{"REDIS_URL is invalid: want redis[s]://"}},
+		{"redis url with an unknown option", map[string]string{"REDIS_URL": "redis://h1:6379?addr=h2:6379&colour=blue"}, nil, []string{"master_name=NAME"}},
 		{"svix secret", map[string]string{"RESEND_WEBHOOK_SECRET": "whsec_***not base64***"}, nil, []string{"RESEND_WEBHOOK_SECRET is invalid"}},
 		{"inbound address", map[string]string{"SUPPORT_INBOUND_ADDRESSES": "support,@"}, nil,
 			[]string{`SUPPORT_INBOUND_ADDRESSES has "support"`, `SUPPORT_INBOUND_ADDRESSES has "@"`}},
@@ -127,6 +129,51 @@ func TestConfigProblems(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedisURLForms: REDIS_URL takes go-redis's three forms, and each is
+// read as the form it is.
+func TestRedisURLForms(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		url  string
+		want string // single, cluster or failover
+	}{
+		{"redis://127.0.0.1:6379/0", "single"},
+		{"rediss://user:pass@redis.example.com:6380", "single"},
+		{"redis://h1:7000?addr=h2:7001&addr=h3:7002", "cluster"},
+		{"rediss://:pass@h1:7000?addr=h2:7001", "cluster"},
+		{"redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary", "failover"},
+	}
+	for _, tt := range tests {
+		target, err := parseRedisURL(tt.url)
+		if err != nil {
+			t.Errorf("parseRedisURL(%q): %v", tt.url, err)
+			continue
+		}
+		var got []string
+		if target.single != nil {
+			got = append(got, "single")
+		}
+		if target.cluster != nil {
+			got = append(got, "cluster")
+		}
+		if target.failover != nil {
+			got = append(got, "failover")
+		}
+		if strings.Join(got, ",") != tt.want {
+			t.Errorf("parseRedisURL(%q) = %s, want %s", tt.url, got, tt.want)
+		}
+		env := validEnv()
+		env["REDIS_URL"] = tt.url
+		if _, err := loadConfig(environ(env)); err != nil {
+			t.Errorf("loadConfig with REDIS_URL=%s: %v", tt.url, err)
+		}
+	}
+	o, _ := parseRedisURL("redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary")
+	if o.failover.MasterName != "mymaster" || len(o.failover.SentinelAddrs) != 2 || o.failover.Password != "primary" {
+		t.Errorf("sentinel URL read as %+v", o.failover)
 	}
 }
 

@@ -7,13 +7,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,7 +55,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if err := migrateUp(ctx, pool, logger); err != nil {
+	if err := migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger); err != nil {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
@@ -62,9 +65,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	defer closeRedis()
 
 	registry := newRegistry()
-	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
-		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
-	}
+	claimsUsable := newClaimProbe(claims, logger)
+	registry.MustRegister(claimsUsable.gauge())
+	_ = claimsUsable.check(ctx) // logs why when claims do not work yet
 	// Both providers' bodies and the form's share one deadline and one
 	// memory budget.
 	bodies := intake.New(intake.Config{
@@ -96,7 +99,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	var draining atomic.Bool
 	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
 	handler := newServer(logger,
-		handleReadyz(probe, claims, &draining),
+		handleReadyz(probe, claimsUsable, &draining),
 		publicMetrics(cfg, metrics),
 		stripehook.New(stripehook.Config{
 			Store:      entitlements.NewStore(pool, registry),
@@ -229,12 +232,7 @@ func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	level, _ := parseLevel(cfg.LogLevel) // validated
 	logger := newLogger(stdout, level)
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	return migrateUp(ctx, pool, logger)
+	return migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger)
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
@@ -266,51 +264,245 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	return pool, nil
 }
 
-func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+// migrationURL is where migrations run: MIGRATE_DATABASE_URL when set,
+// else DATABASE_URL. name is the variable, for messages.
+type migrationURL struct{ name, url string }
+
+func migrationTarget(databaseURL, migrateURL secret) migrationURL {
+	if migrateURL != "" {
+		return migrationURL{"MIGRATE_DATABASE_URL", string(migrateURL)}
+	}
+	return migrationURL{"DATABASE_URL", string(databaseURL)}
+}
+
+// migrateUp applies the pending migrations over a pool of two connections
+// of its own, closed when they are done (the service's pool is sized for
+// deliveries, and may sit behind a transaction pooler). It first makes sure
+// the connections keep their sessions: goose's lock is a session advisory
+// lock, which a transaction pooler drops between statements, so two
+// replicas starting together would both take it.
+func migrateUp(ctx context.Context, target migrationURL, logger *slog.Logger) error {
+	pcfg, err := pgxpool.ParseConfig(target.url)
+	if err != nil {
+		return fmt.Errorf("%s is invalid", target.name) // the error would echo the URL
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("postgres (%s): %w", target.name, err)
+	}
+	defer pool.Close()
+	if err := requireSessions(ctx, pool); err != nil {
+		return fmt.Errorf("migrations over %s: %w", target.name, err)
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	applied, err := migrations.Apply(ctx, db, logger)
 	if err != nil {
 		return err
 	}
-	logger.Info("migrations applied", "count", len(applied), "applied", applied)
+	logger.Info("migrations applied", "count", len(applied), "applied", applied, "over", target.name)
 	return nil
 }
 
-// openRedis returns nil for an empty URL: claims disabled.
-func openRedis(url string, timeout time.Duration) (*redis.Client, error) {
-	if url == "" {
+// errTransactionPooler refuses migrations through a pooler that hands a
+// client's statements to whichever server connection is free.
+var errTransactionPooler = errors.New("the connection goes through a transaction (or statement) pooler, " +
+	"which drops the migration lock (a session advisory lock) between statements: " +
+	"set MIGRATE_DATABASE_URL to a direct connection to Postgres (or one through a session pooler)")
+
+// requireSessions checks that each client connection keeps one server
+// session: two connections ask for their backend's pid, the first asks
+// again. A direct or session-pooled connection gets the same pid twice and
+// never its neighbour's; a transaction pooler hands the second connection
+// the backend the first just freed (PgBouncer reuses the last one freed),
+// or the first a new one. The queries use the simple protocol, so the
+// check itself runs through any pooler in any pgx query mode.
+func requireSessions(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer a.Release()
+	b, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer b.Release()
+	pid := func(c *pgxpool.Conn) (int32, error) {
+		var p int32
+		err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&p)
+		return p, err
+	}
+	for range 3 {
+		a1, err := pid(a)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		b1, err := pid(b)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		a2, err := pid(a)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		if a1 == b1 || a1 != a2 {
+			return errTransactionPooler
+		}
+	}
+	return nil
+}
+
+// redisURLForms is what REDIS_URL may be, for the messages that refuse it.
+const redisURLForms = "want redis[s]://[user:password@]host:port[/db] (one node, or any one node of a cluster)," +
+	" redis[s]://host:port?addr=host2:port2&addr=host3:port3 (a cluster)" +
+	" or redis[s]://[user:password@]sentinel:26379?master_name=NAME&addr=sentinel2:26379[&password=P] (Sentinel)"
+
+// redisTarget is REDIS_URL read in one of go-redis's three forms: exactly
+// one field is set.
+type redisTarget struct {
+	single   *redis.Options
+	cluster  *redis.ClusterOptions
+	failover *redis.FailoverOptions
+}
+
+// parseRedisURL reads REDIS_URL as go-redis reads each form: master_name
+// makes it Sentinel (redis.ParseFailoverURL), addr a cluster
+// (redis.ParseClusterURL), anything else one node (redis.ParseURL), which
+// openRedis may still find to be a cluster node.
+func parseRedisURL(raw string) (redisTarget, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redisTarget{}, err
+	}
+	q := u.Query()
+	switch {
+	case q.Has("master_name"):
+		if q.Get("master_name") == "" {
+			return redisTarget{}, errors.New("empty master_name")
+		}
+		o, err := redis.ParseFailoverURL(raw)
+		return redisTarget{failover: o}, err
+	case q.Has("addr"):
+		o, err := redis.ParseClusterURL(raw)
+		return redisTarget{cluster: o}, err
+	}
+	o, err := redis.ParseURL(raw)
+	return redisTarget{single: o}, err
+}
+
+// openRedis returns nil for an empty URL: claims disabled. A one-node URL
+// is asked (INFO cluster, within the timeout) whether it names a cluster
+// node, and if so is followed as a cluster: a plain client there would be
+// answered MOVED for most keys. When the node does not answer, it is taken
+// for a single node; the claim probe then shows whether claims work.
+func openRedis(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
+	if rawURL == "" {
 		return nil, nil
 	}
-	opts, err := redis.ParseURL(url)
+	target, err := parseRedisURL(rawURL)
 	if err != nil {
-		return nil, errors.New("REDIS_URL is invalid")
+		return nil, errors.New("REDIS_URL is invalid: " + redisURLForms) // the error would echo the URL
 	}
-	// Every call is bounded by REDIS_TIMEOUT and never retried: a slow Redis
-	// must degrade a delivery quickly, not multiply its wait.
-	opts.DialTimeout = timeout
-	opts.ReadTimeout = timeout
-	opts.WriteTimeout = timeout
-	opts.PoolTimeout = timeout
-	opts.ContextTimeoutEnabled = true
-	opts.MaxRetries = -1
-	// go-redis also retries a failed dial (5 times, 100 ms apart, by
-	// default), which made each delivery wait ~250-400 ms while Redis was
-	// down. One attempt fails fast; the cost is that recovery is noticed
-	// within about a second instead of at once.
-	opts.DialerRetries = 1
-	opts.PoolSize = 64
-	// A claim's commands and replies are a few hundred bytes, but go-redis
-	// gives every connection 32 KiB read and write buffers: with 64
-	// deliveries in flight that was 4 MiB, most of the heap (heap profile
-	// under 64 concurrent duplicates). 1 KiB holds any claim command or
-	// reply; a bigger reply just takes more reads.
-	opts.ReadBufferSize = 1 << 10
-	opts.WriteBufferSize = 1 << 10
-	opts.MinIdleConns = 4
-	opts.DisableIdentity = true
-	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewClient(opts), nil
+	switch {
+	case target.failover != nil:
+		return newFailoverClient(target.failover, timeout), nil
+	case target.cluster != nil:
+		return newClusterClient(target.cluster, timeout), nil
+	}
+	o := target.single
+	rdb := newSingleClient(o, timeout)
+	if isClusterNode(rdb, timeout) {
+		_ = rdb.Close()
+		return newClusterClient(&redis.ClusterOptions{
+			Addrs:     []string{o.Addr},
+			Username:  o.Username,
+			Password:  o.Password,
+			TLSConfig: o.TLSConfig,
+		}, timeout), nil
+	}
+	return rdb, nil
+}
+
+// isClusterNode asks a node whether it runs in cluster mode.
+func isClusterNode(rdb *redis.Client, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	info, err := rdb.Info(ctx, "cluster").Result()
+	return err == nil && strings.Contains(info, "cluster_enabled:1")
+}
+
+// The settings below hold for every form. Every call is bounded by
+// REDIS_TIMEOUT and never retried: a slow Redis must degrade a delivery
+// quickly, not multiply its wait.
+//
+// go-redis also retries a failed dial (5 times, 100 ms apart, by default),
+// which made each delivery wait ~250-400 ms while Redis was down. One
+// attempt fails fast; the cost is that recovery is noticed within about a
+// second instead of at once.
+//
+// A claim's commands and replies are a few hundred bytes, but go-redis
+// gives every connection 32 KiB read and write buffers: with 64 deliveries
+// in flight that was 4 MiB, most of the heap (heap profile under 64
+// concurrent duplicates). 1 KiB holds any claim command or reply; a bigger
+// reply just takes more reads.
+const (
+	redisPoolSize     = 64
+	redisMinIdleConns = 4
+	redisBufferSize   = 1 << 10
+)
+
+func newSingleClient(o *redis.Options, timeout time.Duration) *redis.Client {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return redis.NewClient(o)
+}
+
+// newFailoverClient follows the primary that the sentinels name, and moves
+// to the new one when they announce a switch.
+func newFailoverClient(o *redis.FailoverOptions, timeout time.Duration) *redis.Client {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	return redis.NewFailoverClient(o)
+}
+
+// newClusterClient follows the cluster's slot map. Each node's client
+// never retries (MaxRetries -1), but the cluster client's own loop runs
+// MaxRedirects+1 times and spends its extra turns both on MOVED/ASK
+// redirects and on repeating a command after a network error (go-redis
+// osscluster.go, process): -1 would leave no turn for a redirect, so a
+// resharded or failed-over slot would fail every claim. One turn follows
+// one redirect, or repeats a command once, inside the same REDIS_TIMEOUT
+// deadline. A repeated claim script finds its own processing claim and
+// answers in progress (409), never a wrong 2xx.
+func newClusterClient(o *redis.ClusterOptions, timeout time.Duration) *redis.ClusterClient {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.MaxRedirects = 1
+	o.DialerRetries = 1
+	o.PoolSize = redisPoolSize
+	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
+	o.MinIdleConns = redisMinIdleConns
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return redis.NewClusterClient(o)
 }
 
 // redisLogger routes go-redis's own lines (pool and dial trouble) into JSON

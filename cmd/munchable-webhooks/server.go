@@ -38,8 +38,9 @@ func handleHealthz() http.HandlerFunc {
 // handleReadyz fails while shutting down or while Postgres does not answer.
 // Redis is reported but never fails readiness: without it the service
 // fails open, and pulling every replica out of the load balancer would turn
-// a degraded service into a dead one.
-func handleReadyz(postgres *postgresProbe, claims *claim.Store, draining *atomic.Bool) http.Handler {
+// a degraded service into a dead one. Redis is "ok" only when a claim
+// works there (claimProbe), not merely when something answers PING.
+func handleReadyz(postgres *postgresProbe, claims *claimProbe, draining *atomic.Bool) http.Handler {
 	type report struct {
 		Ready    bool   `json:"ready"`
 		Draining bool   `json:"draining"`
@@ -56,14 +57,15 @@ func handleReadyz(postgres *postgresProbe, claims *claim.Store, draining *atomic
 		if err := postgres.ping(ctx); err != nil {
 			rep.Ready, rep.Postgres = false, "unavailable"
 		}
-		// Not ctx: a hung Postgres must not make Redis look down. Ping has
-		// its own REDIS_TIMEOUT.
-		switch err := claims.Ping(r.Context()); {
+		// Not ctx: a hung Postgres must not make Redis look down. The probe
+		// has its own REDIS_TIMEOUT. The reason is logged, not answered:
+		// it may name internal addresses.
+		switch err := claims.check(r.Context()); {
 		case err == nil:
 		case errors.Is(err, claim.ErrNoRedis):
 			rep.Redis = "not configured: deliveries run degraded"
 		default:
-			rep.Redis = "unavailable: deliveries run degraded"
+			rep.Redis = "unusable: deliveries run degraded (the log says why)"
 		}
 		status := http.StatusOK
 		if !rep.Ready {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -122,22 +123,57 @@ func (s *Store) MarkDone(ctx context.Context, provider, eventID string, ttl time
 
 // Stuck lists the processing claims claimed before now minus olderThan,
 // oldest first. It walks the key space with SCAN, which never blocks Redis
-// the way KEYS does; on Redis Cluster it sees only the node it talks to.
+// the way KEYS does; on a Redis Cluster it walks every primary, since SCAN
+// sees only the node it is sent to.
 func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, now time.Time) ([]Entry, error) {
 	if s.rdb == nil {
 		return nil, ErrNoRedis
 	}
+	var (
+		mu    sync.Mutex
+		stuck []Entry
+	)
+	walk := func(ctx context.Context, node redis.Cmdable) error {
+		found, err := s.stuckOn(ctx, node, olderThan, now)
+		mu.Lock()
+		stuck = append(stuck, found...)
+		mu.Unlock()
+		return err
+	}
+	var err error
+	if cluster, ok := s.rdb.(*redis.ClusterClient); ok {
+		// The primaries are walked at once, each by its own goroutine,
+		// which ForEachMaster waits for.
+		err = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return walk(ctx, node)
+		})
+	} else {
+		err = walk(ctx, s.rdb)
+	}
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(stuck, func(a, b Entry) int { return a.At.Compare(b.At) })
+	if err := s.readFailures(ctx, stuck); err != nil {
+		return nil, err
+	}
+	return stuck, nil
+}
+
+// stuckOn walks one node's keys under the prefix (SCAN goes to node) and
+// returns its stuck claims.
+func (s *Store) stuckOn(ctx context.Context, node redis.Cmdable, olderThan time.Duration, now time.Time) ([]Entry, error) {
 	const batch = 500
 	prefix := s.prefix + ":"
 	var stuck []Entry
 	var cursor uint64
 	for {
 		// Each call is bounded on its own: a long walk is many short calls.
-		keys, next, err := s.scan(ctx, cursor, escapeGlob(prefix)+"*", batch)
+		keys, next, err := s.scan(ctx, node, cursor, escapeGlob(prefix)+"*", batch)
 		if err != nil {
 			return nil, err
 		}
-		entries, err := s.read(ctx, keys)
+		entries, err := s.read(ctx, node, keys)
 		if err != nil {
 			return nil, err
 		}
@@ -148,14 +184,9 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, now time.Tim
 			}
 		}
 		if cursor = next; cursor == 0 {
-			break
+			return stuck, nil
 		}
 	}
-	slices.SortFunc(stuck, func(a, b Entry) int { return a.At.Compare(b.At) })
-	if err := s.readFailures(ctx, stuck); err != nil {
-		return nil, err
-	}
-	return stuck, nil
 }
 
 // readFailures fills in each entry's failed attempts, in one round trip.
@@ -179,25 +210,26 @@ func (s *Store) readFailures(ctx context.Context, entries []Entry) error {
 	return nil
 }
 
-func (s *Store) scan(ctx context.Context, cursor uint64, match string, count int64) ([]string, uint64, error) {
+func (s *Store) scan(ctx context.Context, node redis.Cmdable, cursor uint64, match string, count int64) ([]string, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	keys, next, err := s.rdb.Scan(ctx, cursor, match, count).Result()
+	keys, next, err := node.Scan(ctx, cursor, match, count).Result()
 	if err != nil {
 		return nil, 0, fmt.Errorf("scan %s: %w", match, err)
 	}
 	return keys, next, nil
 }
 
-// read fetches the values and TTLs of keys in one pipelined round trip; keys
-// that expired since the SCAN are left out.
-func (s *Store) read(ctx context.Context, keys []string) ([]Entry, error) {
+// read fetches the values and TTLs of keys, all on node (where SCAN found
+// them), in one pipelined round trip; keys that expired since the SCAN are
+// left out.
+func (s *Store) read(ctx context.Context, node redis.Cmdable, keys []string) ([]Entry, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	pipe := s.rdb.Pipeline()
+	pipe := node.Pipeline()
 	gets := make([]*redis.StringCmd, len(keys))
 	ttls := make([]*redis.DurationCmd, len(keys))
 	for i, k := range keys {

@@ -236,7 +236,7 @@ func TestRunRedisErrorFailsOpen(t *testing.T) {
 	t.Parallel()
 	s, _ := newTestStore(t, time.Minute)
 	broken := NewStore(s.rdb, StoreConfig{Prefix: s.prefix, Timeout: time.Second, ProcessingTTL: time.Minute})
-	closedClient := *s.rdb.Options()
+	closedClient := *s.rdb.(*redis.Client).Options()
 	closedClient.Addr = "127.0.0.1:1" // nothing listens on port 1
 	closedClient.MaxRetries = -1
 	broken.rdb = newClient(t, &closedClient)

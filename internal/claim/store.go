@@ -58,8 +58,14 @@ type Entry struct {
 // Store keeps claims in Redis under {prefix}:{provider}:{event id}. Every
 // call is bounded by the configured timeout, so a hung Redis degrades a
 // delivery quickly instead of eating its handler's budget.
+//
+// rdb is any of go-redis's clients: one node, a Sentinel-managed primary
+// (redis.NewFailoverClient) or a Redis Cluster (redis.NewClusterClient).
+// Every command touches one key, so each lands on the key's own node; the
+// two pipelines (release, Inspect) touch a key and its failure counter,
+// which a cluster client sends to each key's node in the same round trip.
 type Store struct {
-	rdb           *redis.Client // nil: claims disabled
+	rdb           redis.UniversalClient // nil: claims disabled
 	prefix        string
 	timeout       time.Duration
 	processingTTL time.Duration
@@ -78,7 +84,10 @@ type StoreConfig struct {
 
 // NewStore returns a Store on rdb. A nil rdb makes every call fail with
 // ErrNoRedis, which the flow treats as "Redis unavailable".
-func NewStore(rdb *redis.Client, cfg StoreConfig) *Store {
+func NewStore(rdb redis.UniversalClient, cfg StoreConfig) *Store {
+	if c, ok := rdb.(*redis.Client); ok && c == nil {
+		rdb = nil // a nil *redis.Client is no client, not a broken one
+	}
 	return &Store{rdb: rdb, prefix: cfg.Prefix, timeout: cfg.Timeout, processingTTL: cfg.ProcessingTTL}
 }
 
@@ -163,9 +172,10 @@ func (s *Store) confirm(ctx context.Context, provider, eventID, fingerprint stri
 // release deletes the caller's own processing claim after a caught failure
 // and counts the failure beside it for failuresTTL, so that an event failing
 // every attempt shows. It reports whether it deleted the claim and the
-// event's failures so far. Both travel
-// in one pipelined round trip of single-key commands (Redis Cluster works),
-// and only on the failure path.
+// event's failures so far. Both travel in one pipelined round trip of
+// single-key commands, and only on the failure path. The two keys may hash
+// to different cluster slots: a cluster client splits the pipeline by node
+// and sends the parts at once (tested on a 3-node cluster).
 func (s *Store) release(ctx context.Context, provider, eventID, token string, failuresTTL time.Duration) (released bool, failures int64, err error) {
 	if s.rdb == nil {
 		return false, 0, ErrNoRedis
@@ -188,7 +198,8 @@ func (s *Store) release(ctx context.Context, provider, eventID, token string, fa
 	return n == 1, incr.Val(), nil
 }
 
-// Ping reports whether Redis answers within the timeout.
+// Ping reports whether Redis answers within the timeout. It says nothing
+// about whether a claim would work there: Probe does.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.rdb == nil {
 		return ErrNoRedis
@@ -196,6 +207,37 @@ func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return s.rdb.Ping(ctx).Err()
+}
+
+// probeTTL is how long a probe key lives: long enough to be seen by an
+// operator wondering what it is, short enough never to pile up.
+const probeTTL = 30 * time.Second
+
+// ProbeKey is the key Probe claims for name (the host's name, in the
+// service): {prefix}:probe:{name}.
+func (s *Store) ProbeKey(name string) string { return s.prefix + ":probe:" + name }
+
+// Probe runs the claim script on a key of its own, the way a delivery's
+// claim runs it, and reports whether that worked within the timeout. A
+// PING says only that something answers: a cluster node that does not own
+// the key (MOVED), a replica (READONLY), a sentinel's port (unknown
+// command) or a wrong password fail a claim while PING may pass. The key
+// holds "probe", which no claim parses, for probeTTL.
+func (s *Store) Probe(ctx context.Context, name string) error {
+	if s.rdb == nil {
+		return ErrNoRedis
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	key := s.ProbeKey(name)
+	res, err := claimScript.Run(ctx, s.rdb, []string{key}, "probe", probeTTL.Milliseconds()).Slice()
+	if err != nil {
+		return fmt.Errorf("claim probe %s: %w", key, err)
+	}
+	if len(res) != 1 && len(res) != 3 {
+		return fmt.Errorf("claim probe %s: unexpected reply %v", key, res)
+	}
+	return nil
 }
 
 func newToken() (string, error) {

@@ -36,6 +36,12 @@ const (
 	DatabaseURLEnv = "TEST_DATABASE_URL"
 	// RedisURLEnv names a redis:// URL.
 	RedisURLEnv = "TEST_REDIS_URL"
+	// QueryModeEnv names one of pgx's query exec modes (cache_statement,
+	// cache_describe, describe_exec, exec, simple_protocol), which
+	// NewDatabase's URLs ask for as default_query_exec_mode: the store
+	// tests then run as the service does behind a transaction pooler. Unset
+	// means pgx's default (cache_statement).
+	QueryModeEnv = "TEST_PGX_QUERY_MODE"
 )
 
 // setupTimeout bounds each helper's work against a server, so a hung server
@@ -44,7 +50,8 @@ const setupTimeout = 30 * time.Second
 
 // NewDatabase creates a fresh database named test_<random hex> on the
 // TEST_DATABASE_URL server, applies the service's migrations to it and
-// returns its URL. The database is dropped in t.Cleanup, even if connections
+// returns its URL, with TEST_PGX_QUERY_MODE's default_query_exec_mode when
+// that is set. The database is dropped in t.Cleanup, even if connections
 // to it are still open.
 func NewDatabase(t testing.TB) string {
 	t.Helper()
@@ -54,6 +61,9 @@ func NewDatabase(t testing.TB) string {
 	dbURL, err := withDatabase(adminURL, name)
 	if err != nil {
 		t.Fatalf("%s: %v", DatabaseURLEnv, err)
+	}
+	if dbURL, err = withQueryMode(dbURL, os.Getenv(QueryModeEnv)); err != nil {
+		t.Fatalf("%s: %v", QueryModeEnv, err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
@@ -173,6 +183,27 @@ func withDatabase(rawURL, name string) (string, error) {
 	}
 	u.Path = "/" + name
 	u.RawPath = ""
+	return u.String(), nil
+}
+
+// withQueryMode returns rawURL asking pgx for mode as its
+// default_query_exec_mode; an empty mode leaves the URL as it is.
+func withQueryMode(rawURL, mode string) (string, error) {
+	if mode == "" {
+		return rawURL, nil
+	}
+	switch mode {
+	case "cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol":
+	default:
+		return "", fmt.Errorf("query mode %q: want cache_statement, cache_describe, describe_exec, exec or simple_protocol", mode)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("parse URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("default_query_exec_mode", mode)
+	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 

@@ -129,7 +129,7 @@ func TestRedisServerKillStart(t *testing.T) {
 	}
 	s.Kill()
 	// A bare PING: go-redis would log its failed dials to stderr.
-	if err := pingRedis(s.Addr()); err == nil {
+	if err := pingRedis(s.Addr(), ""); err == nil {
 		t.Fatal("PING after Kill succeeded, want an error")
 	}
 	s.Start()

@@ -49,11 +49,12 @@ func FreePort() (int, error) {
 // RedisServer is a redis-server of its own that a test may kill and restart.
 // It keeps nothing on disk, so a restarted server is empty.
 type RedisServer struct {
-	bin  string
-	dir  string
-	port int
-	proc *process   // the latest run
-	tb   testing.TB // set by StartRedis, for Start
+	bin   string
+	dir   string
+	port  int
+	extra []string   // arguments after the usual ones (cluster mode, replicaof, a password)
+	proc  *process   // the latest run
+	tb    testing.TB // set by StartRedis, for Start
 }
 
 // StartRedis starts a redis-server on a free port and stops it in t.Cleanup.
@@ -85,11 +86,16 @@ func StartRedis(t testing.TB) *RedisServer {
 // directory and log location, and waits until it answers PING. The caller
 // stops it with Stop and owns dir.
 func LaunchRedis(dir string, port int) (*RedisServer, error) {
+	return launchRedis(dir, port)
+}
+
+// launchRedis is LaunchRedis with extra redis-server arguments.
+func launchRedis(dir string, port int, extra ...string) (*RedisServer, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: redis-server: %w", ErrNoBinary, err)
 	}
-	s := &RedisServer{bin: bin, dir: dir, port: port}
+	s := &RedisServer{bin: bin, dir: dir, port: port, extra: extra}
 	if err := s.launch(); err != nil {
 		return nil, err
 	}
@@ -155,6 +161,7 @@ func (s *RedisServer) launch() error {
 		"--appendonly", "no",
 		"--dir", s.dir,
 	)
+	cmd.Args = append(cmd.Args, s.extra...)
 	cmd.Dir = s.dir
 	logPath := filepath.Join(s.dir, "redis.log")
 	proc, err := startProcess(cmd, logPath, nil)
@@ -162,15 +169,26 @@ func (s *RedisServer) launch() error {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.proc = proc
-	if err := proc.waitReady(func() error { return pingRedis(s.Addr()) }, logPath); err != nil {
+	if err := proc.waitReady(func() error { return pingRedis(s.Addr(), s.password()) }, logPath); err != nil {
 		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
 	}
 	return nil
 }
 
-// pingRedis sends an inline PING, which needs no client library and works
-// before any configuration the tests might apply.
-func pingRedis(addr string) error {
+// password is the server's --requirepass, if any.
+func (s *RedisServer) password() string {
+	for i, a := range s.extra {
+		if a == "--requirepass" && i+1 < len(s.extra) {
+			return s.extra[i+1]
+		}
+	}
+	return ""
+}
+
+// pingRedis sends an inline PING (after an AUTH when password is set),
+// which needs no client library and works before any configuration the
+// tests might apply.
+func pingRedis(addr, password string) error {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
@@ -179,10 +197,19 @@ func pingRedis(addr string) error {
 	if err := conn.SetDeadline(time.Now().Add(time.Second)); err != nil {
 		return err
 	}
+	r := bufio.NewReader(conn)
+	if password != "" {
+		if _, err := io.WriteString(conn, "AUTH "+password+"\r\n"); err != nil {
+			return err
+		}
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			return fmt.Errorf("AUTH answered %q: %v", line, err)
+		}
+	}
 	if _, err := io.WriteString(conn, "PING\r\n"); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return err
 	}

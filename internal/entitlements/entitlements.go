@@ -374,12 +374,16 @@ func (s *Store) snapshotResult(w written) Result {
 	return Result{Applied: true, StoredEventID: deref(w.storedID)}
 }
 
-// metadataJSON is the stored form of metadata: an object, never null.
-func metadataJSON(m map[string]string) ([]byte, error) {
+// metadataJSON is the stored form of metadata: an object, never null. It
+// is a string, not []byte: pgx sends a []byte as bytea in the exec and
+// simple_protocol query modes, which a jsonb column refuses (22P02); a
+// string is text to every mode.
+func metadataJSON(m map[string]string) (string, error) {
 	if m == nil {
-		return []byte("{}"), nil
+		return "{}", nil
 	}
-	return json.Marshal(m)
+	b, err := json.Marshal(m)
+	return string(b), err
 }
 
 func nullString(s string) *string {
