@@ -271,6 +271,9 @@ const (
 	NoContentNotFound      = "not_found"
 	NoContentGone          = "gone"
 	NoContentNoDownloadURL = "no_download_url"
+	// NoContentRefused: the download URL, or a redirect from it, was not
+	// https or led to an address that is not public.
+	NoContentRefused = "refused"
 )
 
 // Attachments writes the attachments of a message EnqueueWith has just
