@@ -171,6 +171,8 @@ type Email struct {
 	// PartBytes, when set, makes the API answer text and HTML parts of
 	// that many bytes each (ResendAPI streams them, see WriteAPIJSON).
 	PartBytes int
+	// Attachments are listed in the answer and by the attachments API.
+	Attachments []Attachment
 }
 
 func orEmpty(l []string) []string {
@@ -213,21 +215,25 @@ func (m Email) APIJSON() []byte {
 		headers["in-reply-to"] = m.InReplyTo
 	}
 	answer := map[string]any{
-		"object":      "email",
-		"id":          m.EmailID,
-		"to":          []string{m.To},
-		"from":        m.From,
-		"created_at":  m.Created.UTC().Format("2006-01-02T15:04:05.000000+00:00"),
-		"subject":     m.Subject,
-		"html":        "<p>" + m.Text + "</p>",
-		"text":        m.Text,
-		"bcc":         []string{},
-		"cc":          []string{},
-		"reply_to":    []string{},
-		"headers":     headers,
-		"message_id":  m.MessageID,
-		"attachments": []any{},
+		"object":     "email",
+		"id":         m.EmailID,
+		"to":         []string{m.To},
+		"from":       m.From,
+		"created_at": m.Created.UTC().Format("2006-01-02T15:04:05.000000+00:00"),
+		"subject":    m.Subject,
+		"html":       "<p>" + m.Text + "</p>",
+		"text":       m.Text,
+		"bcc":        []string{},
+		"cc":         []string{},
+		"reply_to":   []string{},
+		"headers":    headers,
+		"message_id": m.MessageID,
 	}
+	listed := []any{}
+	for _, at := range m.Attachments {
+		listed = append(listed, map[string]any{"id": at.ID, "filename": at.Filename, "size": at.Size})
+	}
+	answer["attachments"] = listed
 	if m.DMARC != "" {
 		answer["authentication"] = map[string]string{"spf": "pass", "dkim": "pass", "dmarc": m.DMARC}
 	}

@@ -14,21 +14,20 @@ import (
 // ResendAPI is a fake of the Resend API calls the service makes for a
 // received email: GET /emails/receiving/{email_id} (with html_format=cid)
 // and GET /emails/receiving/{email_id}/attachments. It answers the emails
-// added to it, with the attachments set for them (none by default), 404
+// added to it, with their attachments (none by default), 404
 // for any other id, and lets a test hold, delay or fail a fetch of the
 // email with a hook, or redirect it elsewhere.
 type ResendAPI struct {
 	srv     *httptest.Server
 	fetches atomic.Int64
 
-	mu          sync.Mutex
-	emails      map[string]Email
-	attachments map[string][]Attachment
-	redirects   map[string]string
-	hook        Hook
+	mu        sync.Mutex
+	emails    map[string]Email
+	redirects map[string]string
+	hook      Hook
 }
 
-// Attachment is one attachment the fake lists for an email, with the
+// Attachment is one attachment of an Email, as the fake lists it, with the
 // download_url it names (anything: the test decides where it points).
 type Attachment struct {
 	ID, Filename, DownloadURL string
@@ -42,7 +41,7 @@ type Hook func(ctx context.Context, emailID string) int
 
 // NewResendAPI starts the fake on a local port. Close stops it.
 func NewResendAPI() *ResendAPI {
-	a := &ResendAPI{emails: map[string]Email{}, attachments: map[string][]Attachment{}, redirects: map[string]string{}}
+	a := &ResendAPI{emails: map[string]Email{}, redirects: map[string]string{}}
 	a.srv = httptest.NewServer(http.HandlerFunc(a.serve))
 	return a
 }
@@ -59,13 +58,6 @@ func (a *ResendAPI) Add(m Email) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.emails[m.EmailID] = m
-}
-
-// SetAttachments makes the email emailID list atts.
-func (a *ResendAPI) SetAttachments(emailID string, atts []Attachment) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.attachments[emailID] = atts
 }
 
 // Redirect makes fetches of emailID answer 307 to url ("" stops it).
@@ -98,7 +90,7 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	m, known := a.emails[id]
-	hook, atts, redirect := a.hook, a.attachments[id], a.redirects[id]
+	hook, atts, redirect := a.hook, m.Attachments, a.redirects[id]
 	a.mu.Unlock()
 	if list {
 		a.listAttachments(w, known, atts)
@@ -127,7 +119,7 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 	_ = m.WriteAPIJSON(w)
 }
 
-// listAttachments answers the attachments set for a known email, in the
+// listAttachments answers the attachments of a known email, in the
 // shape of List Attachments
 // (https://resend.com/docs/api-reference/emails/list-received-email-attachments).
 func (a *ResendAPI) listAttachments(w http.ResponseWriter, known bool, atts []Attachment) {
