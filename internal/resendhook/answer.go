@@ -115,7 +115,8 @@ func readAnswer(r io.Reader) (answer, error) {
 			if fields.Len() > 1 {
 				fields.WriteByte(',')
 			}
-			fields.WriteString(strconv.Quote(name))
+			quoted, _ := json.Marshal(name) // a string always marshals
+			fields.Write(quoted)
 			fields.WriteByte(':')
 			fields.Write(raw.buf)
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -58,6 +59,7 @@ func TestReadAnswer(t *testing.T) {
 		{name: "field over the cap skipped", in: `{"headers":{"x":"` + strings.Repeat("h", maxFieldsBytes) + `"},"id":"e3","subject":"s"}`,
 			id: "e3", skipped: []string{"headers"}},
 		{name: "nested values kept", in: `{"id":"e4","reply_to":["a@b.c"],"headers":{"references":["<a>","<b>"],"x":{"y":[1,2,{"z":"]}"}]}}}`, id: "e4"},
+		{name: "invalid UTF-8 field name (found by FuzzReadAnswer)", in: "{\"id\":\"e7\",\"\x80\":{}}", id: "e7"},
 		{name: "truncated", in: `{"id":"e5","text":"abc`, err: true},
 		{name: "not an object", in: `[]`, err: true},
 		{name: "raw control character", in: "{\"text\":\"a\nb\"}", err: true},
@@ -99,3 +101,39 @@ func TestReadAnswerEarlyError(t *testing.T) {
 type iotestErr struct{ err error }
 
 func (e iotestErr) Read([]byte) (int, error) { return 0, e.err }
+
+// FuzzReadAnswer: readAnswer never panics, and on a well-formed answer
+// whose parts are valid UTF-8 (escapes aside) under the cap it reads the
+// parts exactly as encoding/json does.
+func FuzzReadAnswer(f *testing.F) {
+	if b, err := os.ReadFile("../../testdata/resend/received_email.json"); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte(`{"id":"e","text":"a\u00e9\ud83d\ude00\"","html":"<p>\/x<\/p>","headers":{"a":["b"]}}`))
+	f.Add([]byte(`{"text":null,"html":"\ud800","x":[1,{"y":"}"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := readAnswer(strings.NewReader(string(body)))
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) != nil {
+			return
+		}
+		for _, part := range []struct {
+			name string
+			got  string
+		}{{"text", got.email.Text}, {"html", got.email.HTML}} {
+			raw, ok := fields[part.name]
+			var want string
+			// Invalid UTF-8 is kept as it came (clean replaces it before
+			// the insert), where encoding/json replaces each bad byte.
+			if !ok || !utf8.Valid(raw) || json.Unmarshal(raw, &want) != nil || len(want) > maxPartBytes {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("readAnswer: %v, where encoding/json reads the object", err)
+			}
+			if part.got != want {
+				t.Errorf("%s = %q, encoding/json reads %q", part.name, part.got, want)
+			}
+		}
+	})
+}
