@@ -137,6 +137,9 @@ func (q *Queue) Enqueue(ctx context.Context, m Message) (id int64, inserted bool
 // the insert's transaction: the message and what attach writes commit
 // together, or (attach failed) neither does. A message already queued runs
 // no attach, so a redelivery cannot write its attachments twice.
+// attach runs while the transaction holds a pooled connection: it must only
+// write what is already at hand (downloads happen before EnqueueWith), never
+// wait on a network call.
 func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.Context, *Attachments) error) (id int64, inserted bool, err error) {
 	if m.Source != SourceEmail && m.Source != SourceWeb {
 		return 0, false, fmt.Errorf("enqueue: unknown source %q", m.Source)
@@ -214,9 +217,10 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 // of In-Reply-To, then References from the newest (last) back. A form
 // message answers none, and neither does a mail whose DMARC verdict is
 // fail (its From is likely forged, so it cannot prove it takes part in a
-// conversation): both start their own thread, keeping In-Reply-To as sent.
+// conversation) or that names no sender: each starts its own thread,
+// keeping In-Reply-To as sent.
 func threadCandidates(m Message) []string {
-	if m.Source != SourceEmail || strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
+	if m.Source != SourceEmail || m.FromAddress == "" || strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
 		return nil
 	}
 	out := MessageIDs(m.InReplyTo)
