@@ -35,6 +35,9 @@ type config struct {
 	ResendWebhookSecret secret `env:"RESEND_WEBHOOK_SECRET"`
 	ResendAPIKey        secret `env:"RESEND_API_KEY"`
 	ResendAPIURL        string `env:"RESEND_API_URL" envDefault:"https://api.resend.com"`
+	// ResendDownloadAllowPrivate lets attachment downloads use http and
+	// reach loopback and private addresses: tests and private mirrors only.
+	ResendDownloadAllowPrivate bool `env:"RESEND_DOWNLOAD_ALLOW_PRIVATE" envDefault:"false"`
 
 	SupportInboundAddresses   []string `env:"SUPPORT_INBOUND_ADDRESSES"`
 	SupportAttachmentMaxBytes int64    `env:"SUPPORT_ATTACHMENT_MAX_BYTES" envDefault:"10485760"`

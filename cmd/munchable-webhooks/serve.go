@@ -120,7 +120,8 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 				Logger:     logger,
 				Registerer: registry,
 
-				AttachmentMaxBytes: cfg.SupportAttachmentMaxBytes,
+				AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
+				DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
 			}),
 		form.Page(), form.Preflight(), form.Submit(),
 	)

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -160,6 +161,25 @@ type Email struct {
 	Subject   string
 	Text      string
 	Created   time.Time
+
+	// Cc and ReceivedFor are the event's cc and envelope recipients
+	// (received_for); nil sends an empty list.
+	Cc, ReceivedFor []string
+	// InReplyTo and DMARC are the mail's In-Reply-To header and Resend's
+	// DMARC verdict ("" for none: no header, no authentication).
+	InReplyTo, DMARC string
+	// PartBytes, when set, makes the API answer text and HTML parts of
+	// that many bytes each (ResendAPI streams them, see WriteAPIJSON).
+	PartBytes int
+	// Attachments are listed in the answer and by the attachments API.
+	Attachments []Attachment
+}
+
+func orEmpty(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }
 
 // EventJSON is the email.received webhook body.
@@ -169,15 +189,16 @@ func (m Email) EventJSON() []byte {
 		"type":       "email.received",
 		"created_at": created,
 		"data": map[string]any{
-			"email_id":    m.EmailID,
-			"created_at":  created,
-			"from":        m.From,
-			"to":          []string{m.To},
-			"cc":          []string{},
-			"bcc":         []string{},
-			"message_id":  m.MessageID,
-			"subject":     m.Subject,
-			"attachments": []any{},
+			"email_id":     m.EmailID,
+			"created_at":   created,
+			"from":         m.From,
+			"to":           []string{m.To},
+			"cc":           orEmpty(m.Cc),
+			"bcc":          []string{},
+			"received_for": orEmpty(m.ReceivedFor),
+			"message_id":   m.MessageID,
+			"subject":      m.Subject,
+			"attachments":  []any{},
 		},
 	})
 	if err != nil {
@@ -186,28 +207,78 @@ func (m Email) EventJSON() []byte {
 	return b
 }
 
-// APIJSON is what GET /emails/receiving/{email_id} answers.
+// APIJSON is what GET /emails/receiving/{email_id} answers (parts of
+// PartBytes are not in it: WriteAPIJSON adds them).
 func (m Email) APIJSON() []byte {
-	b, err := json.Marshal(map[string]any{
-		"object":      "email",
-		"id":          m.EmailID,
-		"to":          []string{m.To},
-		"from":        m.From,
-		"created_at":  m.Created.UTC().Format("2006-01-02T15:04:05.000000+00:00"),
-		"subject":     m.Subject,
-		"html":        "<p>" + m.Text + "</p>",
-		"text":        m.Text,
-		"bcc":         []string{},
-		"cc":          []string{},
-		"reply_to":    []string{},
-		"headers":     map[string]string{"mime-version": "1.0"},
-		"message_id":  m.MessageID,
-		"attachments": []any{},
-	})
+	headers := map[string]string{"mime-version": "1.0"}
+	if m.InReplyTo != "" {
+		headers["in-reply-to"] = m.InReplyTo
+	}
+	answer := map[string]any{
+		"object":     "email",
+		"id":         m.EmailID,
+		"to":         []string{m.To},
+		"from":       m.From,
+		"created_at": m.Created.UTC().Format("2006-01-02T15:04:05.000000+00:00"),
+		"subject":    m.Subject,
+		"html":       "<p>" + m.Text + "</p>",
+		"text":       m.Text,
+		"bcc":        []string{},
+		"cc":         []string{},
+		"reply_to":   []string{},
+		"headers":    headers,
+		"message_id": m.MessageID,
+	}
+	listed := []any{}
+	for _, at := range m.Attachments {
+		listed = append(listed, map[string]any{"id": at.ID, "filename": at.Filename, "size": at.Size})
+	}
+	answer["attachments"] = listed
+	if m.DMARC != "" {
+		answer["authentication"] = map[string]string{"spf": "pass", "dkim": "pass", "dmarc": m.DMARC}
+	}
+	if m.PartBytes > 0 {
+		delete(answer, "html")
+		delete(answer, "text")
+	}
+	b, err := json.Marshal(answer)
 	if err != nil {
 		panic(err)
 	}
 	return b
+}
+
+// WriteAPIJSON writes what GET /emails/receiving/{email_id} answers, with
+// text and HTML parts of PartBytes each streamed in 64 KiB pieces, so that
+// a test can serve giant mails without holding them.
+func (m Email) WriteAPIJSON(w io.Writer) error {
+	b := m.APIJSON()
+	if m.PartBytes <= 0 {
+		_, err := w.Write(b)
+		return err
+	}
+	if _, err := w.Write(b[:len(b)-1]); err != nil { // without the closing brace
+		return err
+	}
+	for _, part := range []struct{ name, open, line string }{
+		{"html", "<p>", "<p>" + m.Text + "</p> "},
+		{"text", "", m.Text + " "},
+	} {
+		if _, err := io.WriteString(w, `,"`+part.name+`":"`+part.open); err != nil {
+			return err
+		}
+		piece := []byte(strings.Repeat(part.line, (64<<10)/len(part.line)+1)[:64<<10])
+		for left := m.PartBytes - len(part.open); left > 0; left -= len(piece) {
+			if _, err := w.Write(piece[:min(left, len(piece))]); err != nil {
+				return err
+			}
+		}
+		if _, err := io.WriteString(w, `"`); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, "}")
+	return err
 }
 
 // ResendRequest is one Svix delivery attempt of m, signed at now. Svix signs

@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -13,15 +14,24 @@ import (
 // ResendAPI is a fake of the Resend API calls the service makes for a
 // received email: GET /emails/receiving/{email_id} (with html_format=cid)
 // and GET /emails/receiving/{email_id}/attachments. It answers the emails
-// added to it, which have no attachments, 404 for any other id, and lets a
-// test hold, delay or fail a fetch of the email with a hook.
+// added to it, with their attachments (none by default), 404
+// for any other id, and lets a test hold, delay or fail a fetch of the
+// email with a hook, or redirect it elsewhere.
 type ResendAPI struct {
 	srv     *httptest.Server
 	fetches atomic.Int64
 
-	mu     sync.Mutex
-	emails map[string][]byte
-	hook   Hook
+	mu        sync.Mutex
+	emails    map[string]Email
+	redirects map[string]string
+	hook      Hook
+}
+
+// Attachment is one attachment of an Email, as the fake lists it, with the
+// download_url it names (anything: the test decides where it points).
+type Attachment struct {
+	ID, Filename, DownloadURL string
+	Size                      int
 }
 
 // Hook runs before each fetch is answered, on the request's context (done
@@ -31,7 +41,7 @@ type Hook func(ctx context.Context, emailID string) int
 
 // NewResendAPI starts the fake on a local port. Close stops it.
 func NewResendAPI() *ResendAPI {
-	a := &ResendAPI{emails: map[string][]byte{}}
+	a := &ResendAPI{emails: map[string]Email{}, redirects: map[string]string{}}
 	a.srv = httptest.NewServer(http.HandlerFunc(a.serve))
 	return a
 }
@@ -45,10 +55,16 @@ func (a *ResendAPI) Close() { a.srv.Close() }
 
 // Add makes m fetchable.
 func (a *ResendAPI) Add(m Email) {
-	body := m.APIJSON()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.emails[m.EmailID] = body
+	a.emails[m.EmailID] = m
+}
+
+// Redirect makes fetches of emailID answer 307 to url ("" stops it).
+func (a *ResendAPI) Redirect(emailID, url string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.redirects[emailID] = url
 }
 
 // SetHook installs h (nil: answer every fetch at once).
@@ -73,13 +89,18 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.mu.Lock()
-	hook, body := a.hook, a.emails[id]
+	m, known := a.emails[id]
+	hook, atts, redirect := a.hook, m.Attachments, a.redirects[id]
 	a.mu.Unlock()
 	if list {
-		a.listAttachments(w, body != nil)
+		a.listAttachments(w, known, atts)
 		return
 	}
 	a.fetches.Add(1)
+	if redirect != "" {
+		http.Redirect(w, r, redirect, http.StatusTemporaryRedirect)
+		return
+	}
 	if hook != nil {
 		if status := hook(r.Context(), id); status != 0 {
 			w.Header().Set("Content-Type", "application/json")
@@ -88,24 +109,33 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if body == nil {
+	if !known {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = w.Write([]byte(`{"statusCode":404,"message":"Email not found","name":"not_found"}`))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
+	_ = m.WriteAPIJSON(w)
 }
 
-// listAttachments answers the attachments of a known email: none, as the
-// emails this fake holds list none.
-func (a *ResendAPI) listAttachments(w http.ResponseWriter, known bool) {
+// listAttachments answers the attachments of a known email, in the
+// shape of List Attachments
+// (https://resend.com/docs/api-reference/emails/list-received-email-attachments).
+func (a *ResendAPI) listAttachments(w http.ResponseWriter, known bool, atts []Attachment) {
 	w.Header().Set("Content-Type", "application/json")
 	if !known {
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = w.Write([]byte(`{"statusCode":404,"message":"Email not found","name":"not_found"}`))
 		return
 	}
-	_, _ = w.Write([]byte(`{"object":"list","has_more":false,"data":[]}`))
+	data := []map[string]any{}
+	for _, at := range atts {
+		data = append(data, map[string]any{
+			"id": at.ID, "filename": at.Filename, "size": at.Size, "content_type": "application/octet-stream",
+			"content_disposition": "attachment", "content_id": nil, "download_url": at.DownloadURL,
+			"expires_at": "2030-01-01T00:00:00.000Z",
+		})
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "has_more": false, "data": data})
 }

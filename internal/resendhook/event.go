@@ -32,8 +32,10 @@ type receivedData struct {
 	To        addrList        `json:"to"`
 	Cc        addrList        `json:"cc"`
 	Bcc       addrList        `json:"bcc"`
-	// ReceivedFor is the envelope recipient where Resend sends it; it is
-	// the only trace of the support address on mail that reached us as Bcc.
+	// ReceivedFor are the envelope recipients where Resend sends them (a
+	// list of addresses, https://resend.com/docs/webhooks/emails/received):
+	// the only trace of the support address on mail that reached us as
+	// Bcc, and the only recipients that cannot be forged in a header.
 	ReceivedFor addrList `json:"received_for"`
 	MessageID   string   `json:"message_id"`
 	Subject     string   `json:"subject"`
@@ -76,11 +78,19 @@ func validEmailID(id string) bool {
 	return id != "" && len(id) <= 256 && id != "." && id != ".." && url.PathEscape(id) == id
 }
 
-// recipients lists every address the mail was sent to: envelope recipients
-// first, then To, Cc and Bcc.
+// recipients lists the addresses that decide whether the mail is for
+// support. When Resend names the envelope recipients (received_for, the
+// RCPT TO addresses its server accepted), they alone decide: To and Cc are
+// whatever the sender wrote, so a mail to sales@ with a forged "Cc:
+// support@" must not reach the support queue. Without received_for (null
+// or empty, as in mail received before Resend sent it), To, Cc and Bcc
+// decide.
 func (d receivedData) recipients() []string {
+	if len(d.ReceivedFor) > 0 {
+		return d.ReceivedFor
+	}
 	var all []string
-	for _, l := range []addrList{d.ReceivedFor, d.To, d.Cc, d.Bcc} {
+	for _, l := range []addrList{d.To, d.Cc, d.Bcc} {
 		all = append(all, l...)
 	}
 	return all

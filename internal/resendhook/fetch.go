@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/resend/resend-go/v3"
 
@@ -26,6 +25,9 @@ var errNotFound = errors.New("resend API answered 404 (check RESEND_API_URL, and
 // errNotTheEmail is an API answer that is not the email asked for: no id,
 // or another one.
 var errNotTheEmail = errors.New("resend API answered with something other than the announced email")
+
+// errAnswerRead ends the copy of an answer that readAnswer has done with.
+var errAnswerRead = errors.New("answer read")
 
 // notFoundTransport turns a 404 from the Resend API into errNotFound.
 // resend-go folds every error status but 429 into a bare error string, so
@@ -54,7 +56,10 @@ func (t notFoundTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // delivery's, under the handler deadline) bounds each call, so the
 // http.Client needs no timeout of its own.
 func newClient(apiURL *url.URL, apiKey string) *resend.Client {
-	hc := &http.Client{Transport: notFoundTransport{base: http.DefaultTransport}}
+	hc := &http.Client{
+		Transport:     notFoundTransport{base: http.DefaultTransport},
+		CheckRedirect: apiRedirects(apiURL),
+	}
 	c := resend.NewCustomClient(hc, apiKey)
 	c.BaseURL = apiBase(apiURL)
 	return c
@@ -83,8 +88,9 @@ type receivedEmail struct {
 	From      string `json:"from"`
 	CreatedAt string `json:"created_at"`
 	Subject   string `json:"subject"`
-	HTML      string `json:"html"`
-	Text      string `json:"text"`
+	// HTML and Text are read by readAnswer, within bounds.
+	HTML string `json:"-"`
+	Text string `json:"-"`
 	// ReplyTo is a list of addresses (firstAddress reads it).
 	ReplyTo   json.RawMessage `json:"reply_to"`
 	Headers   headers         `json:"headers"`
@@ -105,20 +111,35 @@ type receivedEmail struct {
 
 // fetchEmail retrieves the received email id, with inline images as cid:
 // references and attachments (html_format=cid) rather than base64 data
-// URIs in the HTML.
-func fetchEmail(ctx context.Context, c *resend.Client, id string) (*receivedEmail, error) {
+// URIs in the HTML. resend-go performs the call (auth, errors, 429) and
+// copies the answer into a pipe, from which readAnswer decodes it within
+// its bounds as it arrives.
+func fetchEmail(ctx context.Context, c *resend.Client, id string) (answer, error) {
 	req, err := c.NewRequest(ctx, http.MethodGet, "emails/receiving/"+id+"?html_format=cid", nil)
 	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
+		return answer{}, fmt.Errorf("build request: %w", err)
 	}
-	var e receivedEmail
-	if _, err := c.Perform(req, &e); err != nil {
-		return nil, err
+	pr, pw := io.Pipe()
+	performed := make(chan error, 1)
+	go func() {
+		_, err := c.Perform(req, pw)
+		pw.CloseWithError(err) // nil: the reader sees io.EOF
+		performed <- err
+	}()
+	a, err := readAnswer(pr)
+	// Ends the copy where the reader stopped: after the object, or early
+	// on a malformed answer.
+	pr.CloseWithError(errAnswerRead)
+	if performErr := <-performed; err != nil && performErr != nil && !errors.Is(performErr, errAnswerRead) {
+		return answer{}, performErr // the API's own error (404, 429, 5xx, network)
 	}
-	if e.ID != id {
-		return nil, fmt.Errorf("%w: id %q", errNotTheEmail, e.ID)
+	if err != nil {
+		return answer{}, err
 	}
-	return &e, nil
+	if a.email.ID != id {
+		return answer{}, fmt.Errorf("%w: id %q", errNotTheEmail, a.email.ID)
+	}
+	return a, nil
 }
 
 // headers are the mail's headers as Resend lists them: names in any case,
@@ -140,23 +161,6 @@ func (h headers) get(name string) string {
 		}
 	}
 	return ""
-}
-
-// maxHTMLBytes caps the stored HTML. With html_format=cid inline images are
-// attachments, so real mail stays far below; a longer body is cut.
-const maxHTMLBytes = 2 << 20
-
-// capHTML cuts s to maxHTMLBytes at a character boundary, and reports
-// whether it did.
-func capHTML(s string) (string, bool) {
-	if len(s) <= maxHTMLBytes {
-		return s, false
-	}
-	n := maxHTMLBytes
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n], true
 }
 
 // toMessage maps a fetched email onto a support message. to is the support
@@ -182,6 +186,12 @@ func toMessage(d receivedData, e *receivedEmail, to string, now time.Time) suppo
 		ReplyTo:     firstAddress(e.ReplyTo, e.Headers.get("reply-to")),
 		InReplyTo:   e.Headers.get("in-reply-to"),
 		References:  support.MessageIDs(e.Headers.get("references")),
+	}
+	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
+		*f = oneLine(*f)
+	}
+	for i, r := range m.References {
+		m.References[i] = oneLine(r)
 	}
 	if a := e.Authentication; a != nil {
 		m.AuthSPF, m.AuthDKIM, m.AuthDMARC = a.SPF, a.DKIM, a.DMARC
@@ -231,6 +241,20 @@ func firstAddress(list json.RawMessage, header string) string {
 		}
 	}
 	return ""
+}
+
+// oneLine replaces every C0 control character (CR, LF, NUL, TAB and the
+// rest) and DEL with a space. These fields come from headers, where a line
+// break is a header injection waiting for the app that copies one into a
+// reply (the support form refuses them in the same fields); RFC 2047
+// decoding (=0D=0A) can bring them back, so this runs on the decoded value.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -60,6 +60,7 @@ type fakeResend struct {
 	lists       map[string]int
 	downloads   map[string]int
 	query       map[string]string // email id: the last fetch's raw query
+	redirect    map[string]string // email id: where its fetch redirects
 }
 
 // fakeAttachment is one attachment the fake serves: its listing and content.
@@ -68,6 +69,8 @@ type fakeAttachment struct {
 	Content                                                  []byte
 	// Chunked sends the download without a Content-Length.
 	Chunked bool
+	// Delay holds each download this long before its content comes.
+	Delay time.Duration
 }
 
 func newFakeResend(t testing.TB) *fakeResend {
@@ -90,6 +93,7 @@ func newFakeResend(t testing.TB) *fakeResend {
 		lists:       map[string]int{},
 		downloads:   map[string]int{},
 		query:       map[string]string{},
+		redirect:    map[string]string{},
 	}
 	if err := json.Unmarshal(read("errors.json"), &f.apiErrors); err != nil {
 		t.Fatal(err)
@@ -236,12 +240,14 @@ func (f *fakeResend) get(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.fetches[id]++
 	f.query[id] = r.URL.RawQuery
-	status, hang := f.fail[id], f.hang[id]
+	status, hang, redirect := f.fail[id], f.hang[id], f.redirect[id]
 	body, known := f.emails[id]
 	f.mu.Unlock()
 
 	switch {
 	case !f.authorized(w, r):
+	case redirect != "":
+		http.Redirect(w, r, redirect, http.StatusTemporaryRedirect)
 	case hang:
 		select {
 		case <-r.Context().Done():
@@ -324,6 +330,7 @@ func (f *fakeResend) download(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, http.StatusText(status), status)
 	case !found:
 		http.Error(w, "NoSuchKey", http.StatusNotFound)
+	case att.Delay > 0 && !sleep(r.Context(), att.Delay):
 	case att.Chunked:
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.(http.Flusher).Flush() // headers out now: no Content-Length
@@ -332,6 +339,16 @@ func (f *fakeResend) download(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(att.Content)))
 		_, _ = w.Write(att.Content)
+	}
+}
+
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 
@@ -357,6 +374,9 @@ type options struct {
 	// poolSize, when set, is the Postgres pool's size (the service's
 	// default is 16); else pgxpool's default.
 	poolSize int32
+	// publicDownloadsOnly keeps the production rule for downloads (https,
+	// public addresses), which refuses the fake's own URLs.
+	publicDownloadsOnly bool
 }
 
 const inboundDomain = "@Inbound.Munchable.app"
@@ -420,6 +440,8 @@ func newHarness(t testing.TB, o options) *harness {
 		Registerer: h.reg,
 
 		AttachmentMaxBytes: o.attachmentMax,
+		// The fake's download URLs are on loopback, over http.
+		DownloadAllowPrivate: !o.publicDownloadsOnly,
 	})
 	return h
 }

@@ -35,6 +35,9 @@ type Config struct {
 	// (SUPPORT_ATTACHMENT_MAX_BYTES); a larger one is recorded without it,
 	// and 0 stores none.
 	AttachmentMaxBytes int64
+	// DownloadAllowPrivate (RESEND_DOWNLOAD_ALLOW_PRIVATE) lets downloads
+	// use http and dial any address: for tests and private mirrors only.
+	DownloadAllowPrivate bool
 	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -49,6 +52,7 @@ type handler struct {
 	logger      *slog.Logger
 	ignored     prometheus.Counter
 	unfetchable prometheus.Counter
+	mail        mailMetrics
 }
 
 // NewHandler returns the handler of POST /webhooks/resend.
@@ -57,10 +61,13 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handl
 		queue:  queue,
 		wh:     cfg.Webhook,
 		client: newClient(cfg.APIURL, cfg.APIKey),
-		// The delivery's context bounds each download.
-		downloads: downloader{client: &http.Client{}, max: cfg.AttachmentMaxBytes},
-		inbound:   cfg.Inbound,
-		logger:    cfg.Logger,
+		downloads: downloader{
+			client:       newDownloadClient(cfg.DownloadAllowPrivate),
+			max:          cfg.AttachmentMaxBytes,
+			allowPrivate: cfg.DownloadAllowPrivate,
+		},
+		inbound: cfg.Inbound,
+		logger:  cfg.Logger,
 		ignored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "resend_inbound_ignored_total",
 			Help: "email.received events addressed to no support address, acknowledged without a fetch.",
@@ -73,8 +80,9 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handl
 	if h.logger == nil {
 		h.logger = slog.New(slog.DiscardHandler)
 	}
+	h.mail = newMailMetrics()
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.ignored, h.unfetchable)
+		cfg.Registerer.MustRegister(h.ignored, h.unfetchable, h.mail.truncated)
 	}
 	return ep.Handler(h.decode)
 }
@@ -135,29 +143,28 @@ func messageID(h http.Header) string {
 	return h.Get("webhook-id")
 }
 
-// apply fetches the email and queues it with its attachments, in one
-// transaction. An error fails the delivery (500, claim released, Svix
-// retries): the API's 5xx, 429, a network error, the handler deadline, a
-// failed download, and a 404 or an answer that is not the announced email,
-// which mean a wrong RESEND_API_URL or another team's API key, never a mail
-// to drop.
+// apply fetches the email and its attachments, then queues them in one
+// transaction that only writes: no network call runs while it holds a
+// Postgres connection. An error fails the delivery (500, claim released,
+// Svix retries): the API's 5xx, 429, a network error, the handler
+// deadline, a failed download, and a 404 or an answer that is not the
+// announced email, which mean a wrong RESEND_API_URL or another team's API
+// key, never a mail to drop.
 func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) error {
-	email, err := fetchEmail(ctx, h.client, d.EmailID)
+	a, err := fetchEmail(ctx, h.client, d.EmailID)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
 	}
 	if err != nil {
 		return fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
 	}
-	html, cut := capHTML(email.HTML)
-	if cut {
-		logger.WarnContext(ctx, "html body cut", "html_bytes", len(email.HTML), "kept_bytes", len(html))
-		email.HTML = html
+	h.mail.report(ctx, logger, a)
+	atts, err := h.attachmentsOf(ctx, &a.email)
+	if err != nil {
+		return err
 	}
-	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, email, to, time.Now()),
-		func(ctx context.Context, w *support.Attachments) error {
-			return h.storeAttachments(ctx, email, w)
-		})
+	defer atts.Close()
+	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, &a.email, to, time.Now()), atts.write)
 	if err != nil {
 		return err
 	}

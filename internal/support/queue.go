@@ -68,12 +68,24 @@ func NewQueue(pool *pgxpool.Pool) *Queue {
 
 // threadSQL finds the conversation of the first candidate Message-ID that a
 // stored mail has, candidates in order of preference: In-Reply-To, then
-// References newest first. support_messages_email_message (leading column
-// message_id) serves the lookup.
+// References newest first, among the conversations the sender ($2) takes
+// part in: one where that address already wrote, or where a message asked
+// for answers to it (its Reply-To: our reply went there). Naming a
+// Message-ID is not enough, as anyone who has seen one (a Cc, a forward, a
+// guess) can name it. support_messages_email_message (leading column
+// message_id) serves the lookup, and the (thread_id, id) index the
+// participant check.
 const threadSQL = `
-SELECT coalesce(thread_id, id) FROM support_messages
-WHERE source = 'email' AND message_id = ANY($1::text[])
-ORDER BY array_position($1::text[], message_id), id
+SELECT c.thread FROM (
+    SELECT coalesce(thread_id, id) AS thread, array_position($1::text[], message_id) AS rank, id
+    FROM support_messages
+    WHERE source = 'email' AND message_id = ANY($1::text[])
+) c
+WHERE EXISTS (
+    SELECT 1 FROM support_messages p
+    WHERE (p.thread_id = c.thread OR p.id = c.thread)
+      AND (lower(p.from_address) = lower($2) OR lower(p.reply_to) = lower($2)))
+ORDER BY c.rank, c.id
 LIMIT 1`
 
 // insertSQL leaves the duplicate check to the table's unique indexes, so
@@ -125,6 +137,9 @@ func (q *Queue) Enqueue(ctx context.Context, m Message) (id int64, inserted bool
 // the insert's transaction: the message and what attach writes commit
 // together, or (attach failed) neither does. A message already queued runs
 // no attach, so a redelivery cannot write its attachments twice.
+// attach runs while the transaction holds a pooled connection: it must only
+// write what is already at hand (downloads happen before EnqueueWith), never
+// wait on a network call.
 func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.Context, *Attachments) error) (id int64, inserted bool, err error) {
 	if m.Source != SourceEmail && m.Source != SourceWeb {
 		return 0, false, fmt.Errorf("enqueue: unknown source %q", m.Source)
@@ -165,7 +180,7 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 	var thread *int64
 	if candidates := threadCandidates(m); len(candidates) > 0 {
 		var t int64
-		err := tx.QueryRow(ctx, threadSQL, candidates).Scan(&t)
+		err := tx.QueryRow(ctx, threadSQL, candidates, m.FromAddress).Scan(&t)
 		switch {
 		case err == nil:
 			thread = &t
@@ -200,9 +215,12 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 
 // threadCandidates lists the Message-IDs m answers, most direct first: those
 // of In-Reply-To, then References from the newest (last) back. A form
-// message answers none: it starts its own thread.
+// message answers none, and neither does a mail whose DMARC verdict is
+// fail (its From is likely forged, so it cannot prove it takes part in a
+// conversation) or that names no sender: each starts its own thread,
+// keeping In-Reply-To as sent.
 func threadCandidates(m Message) []string {
-	if m.Source != SourceEmail {
+	if m.Source != SourceEmail || m.FromAddress == "" || strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
 		return nil
 	}
 	out := MessageIDs(m.InReplyTo)
@@ -257,6 +275,9 @@ const (
 	NoContentNotFound      = "not_found"
 	NoContentGone          = "gone"
 	NoContentNoDownloadURL = "no_download_url"
+	// NoContentRefused: the download URL, or a redirect from it, was not
+	// https or led to an address that is not public.
+	NoContentRefused = "refused"
 )
 
 // Attachments writes the attachments of a message EnqueueWith has just

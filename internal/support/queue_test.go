@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -442,5 +443,55 @@ func TestEnqueueWithConcurrent(t *testing.T) {
 	}
 	if got := attachmentCount(t, pool); got != 1 || len(rows(t, pool)) != 1 {
 		t.Errorf("%d messages, %d attachments; want 1 and 1", len(rows(t, pool)), got)
+	}
+}
+
+// TestEnqueueThreadParticipants: a mail joins the conversation it names only
+// when its sender takes part in it (wrote in it, in any case of the
+// address, or is the Reply-To our answer went to) and DMARC did not fail;
+// the first candidate whose conversation admits the sender wins.
+func TestEnqueueThreadParticipants(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	ctx := context.Background()
+	enqueue := func(id, msgID, from, dmarc, inReplyTo string, refs ...string) int64 {
+		t.Helper()
+		m := mailMessage(id)
+		m.MessageID, m.FromAddress, m.AuthDMARC, m.InReplyTo, m.References = msgID, from, dmarc, inReplyTo, refs
+		m.TextBody = "mail " + id
+		n, inserted, err := q.Enqueue(ctx, m)
+		if err != nil || !inserted {
+			t.Fatalf("Enqueue(%s) = %d, %v, %v; want a new row", id, n, inserted, err)
+		}
+		return n
+	}
+	order := enqueue("order", "<order@x>", "ada@example.com", "pass", "")
+	setReplyTo := `UPDATE support_messages SET reply_to = 'ada@home.example' WHERE id = $1`
+	if _, err := pool.Exec(ctx, setReplyTo, order); err != nil {
+		t.Fatal(err)
+	}
+	other := enqueue("other", "<other@x>", "bob@example.com", "pass", "")
+	tests := []struct {
+		id, from, dmarc, inReplyTo string
+		refs                       []string
+		want                       int64 // 0: its own
+	}{
+		{"same sender", "Ada@Example.com", "pass", "<order@x>", nil, order},
+		{"no verdict", "ada@example.com", "", "<order@x>", nil, order},
+		{"reply-to address", "ada@home.example", "none", "<order@x>", nil, order},
+		{"dmarc fail", "ada@example.com", "fail", "<order@x>", nil, 0},
+		{"stranger", "mallory@evil.example", "pass", "<order@x>", nil, 0},
+		{"stranger's reference skipped for one of theirs", "bob@example.com", "pass", "<order@x>", []string{"<other@x>"}, other},
+	}
+	for i, tc := range tests {
+		id := enqueue(tc.id, "<t"+strconv.Itoa(i)+"@x>", tc.from, tc.dmarc, tc.inReplyTo, tc.refs...)
+		want := tc.want
+		if want == 0 {
+			want = id
+		}
+		if got := threadOf(t, pool, id); got != want {
+			t.Errorf("%s: thread %d, want %d", tc.id, got, want)
+		}
 	}
 }

@@ -1,0 +1,85 @@
+package resendhook_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// labeled reads the counter name{label=value} from the registry, 0 when
+// it has not been counted.
+func (h *harness) labeled(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestPartsCapped: both bodies over 2 MiB are cut at a character boundary,
+// and each cut is counted by part.
+func TestPartsCapped(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	text := strings.Repeat("ü", 3<<20)                        // 6 MiB
+	html := "<p>" + strings.Repeat("\u2028é", 1<<20) + "</p>" // 5 MiB, escaped by the encoder
+	h.api.addEmail(t, emailID, func(e map[string]any) { e["text"], e["html"] = text, html })
+
+	checkAnswer(t, "huge parts", answerOf(t, h.deliver(t, "msg_1", receivedEvent(t, emailID, nil))), processed)
+	r := rowOf(t, h, emailID)
+	for _, part := range []struct{ name, sent, stored string }{{"text", text, r.TextBody}, {"html", html, r.HTMLBody}} {
+		if n := len(part.stored); n > 2<<20 || n < 2<<20-3 || !strings.HasPrefix(part.sent, part.stored) {
+			t.Errorf("%s: %d bytes stored, a prefix: %v; want the first 2 MiB, cut between characters", part.name, n, strings.HasPrefix(part.sent, part.stored))
+		}
+		if got := h.labeled(t, "support_mail_truncated_total", "part", part.name); got != 1 {
+			t.Errorf("support_mail_truncated_total{part=%q} = %v, want 1", part.name, got)
+		}
+	}
+}
+
+// TestHeaderFieldsOneLine: control characters in the fields taken from
+// headers become spaces, RFC 2047 encoded ones included; bodies keep
+// theirs.
+func TestHeaderFieldsOneLine(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	h.api.addEmail(t, emailID, func(e map[string]any) {
+		e["subject"] = "Refund\r\nBcc: everyone@example.com"
+		e["message_id"] = "<evil\x00@mail.example.com>"
+		e["reply_to"] = []string{"=?UTF-8?Q?Eve=0D=0A?= <eve@example.com>"}
+		e["text"] = "line one\r\nline two"
+		hd := e["headers"].(map[string]any)
+		hd["from"] = "=?UTF-8?B?QWRhDQpCY2M6IHhAZXhhbXBsZS5jb20=?= <ada@example.com>" // "Ada\r\nBcc: x@example.com"
+		hd["in-reply-to"] = "<a@x>\r\n\tX-Injected: 1"
+		hd["references"] = "<b\x01@x> <c@x>"
+	})
+	checkAnswer(t, "control characters", answerOf(t, h.deliver(t, "msg_1", receivedEvent(t, emailID, nil))), processed)
+	r := rowOf(t, h, emailID)
+	got := []string{r.Subject, r.MessageID, r.FromName, r.ReplyTo, r.InReplyTo, strings.Join(r.References, "|"), r.TextBody}
+	want := []string{
+		"Refund  Bcc: everyone@example.com",
+		"<evil @mail.example.com>",
+		"Ada  Bcc: x@example.com",
+		"eve@example.com",
+		"<a@x>   X-Injected: 1",
+		"<b @x>|<c@x>",
+		"line one\r\nline two",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("subject, message_id, from_name, reply_to, in_reply_to, references, text_body (-want +got):\n%s", diff)
+	}
+}

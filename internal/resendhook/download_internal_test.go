@@ -1,0 +1,112 @@
+package resendhook
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"testing"
+)
+
+func TestPublicAddr(t *testing.T) {
+	tests := map[string]bool{
+		"93.184.215.14":        true,
+		"2606:2800:21f:cb07::": true,
+		"127.0.0.1":            false,
+		"::1":                  false,
+		"10.1.2.3":             false,
+		"172.16.0.1":           false,
+		"192.168.1.1":          false,
+		"169.254.169.254":      false, // cloud metadata
+		"fe80::1":              false,
+		"fc00::1":              false,
+		"0.0.0.0":              false,
+		"::":                   false,
+		"224.0.0.1":            false,
+		"ff02::1":              false,
+		"100.64.0.1":           false, // CGNAT
+		"198.18.0.1":           false,
+		"::ffff:127.0.0.1":     false, // v4-mapped loopback
+		"::ffff:93.184.215.14": true,
+		"255.255.255.255":      false,
+		"2001:db8::1":          false,
+	}
+	for s, want := range tests {
+		if got := publicAddr(netip.MustParseAddr(s)); got != want {
+			t.Errorf("publicAddr(%s) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+func TestSameOrigin(t *testing.T) {
+	base, _ := url.Parse("https://api.resend.com/")
+	tests := map[string]bool{
+		"https://api.resend.com/emails/x":     true,
+		"https://API.resend.com:443/emails/x": true,
+		"https://api.resend.com:8443/emails":  false,
+		"http://api.resend.com/emails":        false,
+		"https://evil.example/emails":         false,
+		"https://api.resend.com.evil.example": false,
+	}
+	for s, want := range tests {
+		u, _ := url.Parse(s)
+		if got := sameOrigin(u, base); got != want {
+			t.Errorf("sameOrigin(%s) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// TestDownloadClient: the address rule holds on the address dialled, after
+// name resolution (localhost is refused though the URL names no address),
+// and redirects are followed at most maxRedirects times.
+func TestDownloadClient(t *testing.T) {
+	var hits atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("/hop/{n}", func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		n, _ := strconv.Atoi(r.PathValue("n"))
+		if n > 0 {
+			http.Redirect(w, r, "/hop/"+strconv.Itoa(n-1), http.StatusFound)
+			return
+		}
+		_, _ = w.Write([]byte("content"))
+	})
+	srv := httptest.NewTLSServer(mux)
+	t.Cleanup(srv.Close)
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+
+	tests := []struct {
+		name         string
+		allowPrivate bool
+		url          string
+		wantRefused  bool
+		wantHits     int64
+	}{
+		{"localhost by name", false, "https://localhost:" + port + "/hop/0", true, 0},
+		{"loopback address", false, srv.URL + "/hop/0", true, 0},
+		{"allowed, 3 redirects", true, srv.URL + "/hop/3", false, 4},
+		{"allowed, 4 redirects", true, srv.URL + "/hop/4", true, 4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			hits.Store(0)
+			c := newDownloadClient(tc.allowPrivate)
+			c.Transport.(*http.Transport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+			t.Cleanup(c.CloseIdleConnections)
+			resp, err := c.Get(tc.url)
+			if err == nil {
+				resp.Body.Close()
+			}
+			if got := errors.Is(err, errRefusedTarget); got != tc.wantRefused {
+				t.Errorf("refused = %v (err %v), want %v", got, err, tc.wantRefused)
+			}
+			if got := hits.Load(); got != tc.wantHits {
+				t.Errorf("requests served = %d, want %d", got, tc.wantHits)
+			}
+		})
+	}
+}

@@ -1,0 +1,74 @@
+package resendhook_test
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestThreadParticipants: naming a Message-ID is not enough to join a
+// conversation. The customer's reply joins, and so does one from the
+// address the customer asked answers to go to (Reply-To); a DMARC-failing
+// spoof of the customer, and an unrelated sender, start their own thread,
+// keeping In-Reply-To as sent.
+func TestThreadParticipants(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	customer := "<order@mail.example.com>"
+	mailIn(t, h, "order", customer, nil, func(e map[string]any) {
+		e["reply_to"] = []string{"Ada at home <ada@home.example>"}
+	})
+	from := func(addr, dmarc string) func(e map[string]any) {
+		return func(e map[string]any) {
+			e["from"] = addr
+			e["headers"].(map[string]any)["from"] = addr
+			e["authentication"] = map[string]any{"spf": "pass", "dkim": "pass", "dmarc": dmarc}
+		}
+	}
+	answering := map[string]any{"in-reply-to": customer, "references": customer}
+	mailIn(t, h, "customer-reply", "<r1@mail.example.com>", answering, from("ADA@example.com", "pass"))
+	mailIn(t, h, "reply-to-address", "<r2@home.example>", answering, from("ada@home.example", "none"))
+	mailIn(t, h, "spoof", "<s1@evil.example>", answering, from("ada@example.com", "fail"))
+	mailIn(t, h, "stranger", "<s2@evil.example>", answering, from("mallory@evil.example", "pass"))
+
+	got := map[string][2]string{}
+	for _, r := range h.rows(t) {
+		got[r.ExternalID] = [2]string{r.Thread, r.InReplyTo}
+	}
+	want := map[string][2]string{
+		"order":            {"order", ""},
+		"customer-reply":   {"order", customer},
+		"reply-to-address": {"order", customer},
+		"spoof":            {"spoof", customer},
+		"stranger":         {"stranger", customer},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("thread, in_reply_to (-want +got):\n%s", diff)
+	}
+}
+
+// TestEnvelopeRecipientsDecide: when Resend names the envelope recipients,
+// a forged Cc of the support address does not bring a mail for sales into
+// the support queue; without them, To and Cc still decide.
+func TestEnvelopeRecipientsDecide(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	h.api.addEmail(t, emailID, nil)
+	forged := receivedEvent(t, emailID, func(d map[string]any) {
+		d["to"] = []string{"sales@munchable.app"}
+		d["cc"] = []string{"support@munchable.app"}
+		d["received_for"] = []string{"sales@munchable.app"}
+	})
+	checkAnswer(t, "forged cc", answerOf(t, h.deliver(t, "msg_forged", forged)), ignored)
+	if got := h.api.totalFetches(); got != 0 {
+		t.Errorf("fetches = %d, want 0", got)
+	}
+	checkRows(t, h, nil)
+
+	noEnvelope := receivedEvent(t, emailID, func(d map[string]any) {
+		d["to"] = []string{"sales@munchable.app"}
+		d["cc"] = []string{"support@munchable.app"}
+		d["received_for"] = []string{}
+	})
+	checkAnswer(t, "cc without envelope", answerOf(t, h.deliver(t, "msg_cc", noEnvelope)), processed)
+}
