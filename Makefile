@@ -1,7 +1,8 @@
 # munchable-webhooks: every target runs from a clean clone with Go; dev,
-# test and lint first run scripts/ensure-deps, which installs the rest
-# (Postgres and Redis server binaries, a C compiler, chromium, promtool) with
-# apt as root, or says what to run. Nothing needs to be running.
+# test and lint first run scripts/ensure-deps for what each needs beyond Go
+# (dev: Postgres, Redis and psql; test adds a C compiler, chromium and
+# promtool; lint needs promtool), installed with apt as root, or it says what
+# to run. Nothing needs to be running.
 
 GO      ?= go
 BIN     := bin/munchable-webhooks
@@ -9,13 +10,19 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The Dockerfile builds with exactly these flags.
 BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: build run deps test lint bench fuzz
+.PHONY: build run deps deps-dev deps-test deps-lint test lint bench fuzz
 
-# deps installs what dev, test and lint need beyond Go, or says how.
+# deps installs what dev, test and lint need beyond Go, or says how;
+# deps-dev, deps-test and deps-lint only what that one target needs.
 deps:
 	@scripts/ensure-deps
+deps-dev deps-test deps-lint:
+	@scripts/ensure-deps $(@:deps-%=%)
 
+# The first build downloads the modules and compiles them all: say so, as
+# it is the one long step with no output of its own.
 build:
+	@[ -x $(BIN) ] || echo "building $(BIN) (the first build downloads modules and compiles them: a few minutes; later builds take seconds)"
 	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN) ./cmd/munchable-webhooks
 
 # run serves with the configuration in the environment (see README.md).
@@ -24,11 +31,11 @@ run: build
 
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
 # TEST_REDIS_URL it starts throwaway postgres and redis-server first.
-test: deps
+test: deps-test
 	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
 
 # lint also checks the alerting rules and runs their unit tests.
-lint: deps
+lint: deps-lint
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
@@ -70,7 +77,7 @@ fuzz:
 # service, then stops the servers. (withservers is built, not `go run`: go
 # run exits 1 after any Ctrl-C, which would hide the service's status.)
 .PHONY: dev
-dev: deps build
+dev: deps-dev build
 	$(GO) build -o bin/withservers ./tools/withservers
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
