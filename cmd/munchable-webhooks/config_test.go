@@ -88,6 +88,16 @@ func TestConfigProblems(t *testing.T) {
 		{"non-positive durations", map[string]string{"HANDLER_TIMEOUT": "0s", "STRIPE_DEDUPE_TTL": "-1h"}, nil,
 			[]string{"HANDLER_TIMEOUT must be positive", "STRIPE_DEDUPE_TTL must be positive"}},
 		{"trusted proxies", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,lan"}, nil, []string{`TRUSTED_PROXIES has "lan"`}},
+		{"stripe secret is an API key", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, nil, []string{"STRIPE_WEBHOOK_SECRET is invalid: want the whsec_"}},
+		{"listen addresses", map[string]string{"LISTEN_ADDR": "8080", "METRICS_ADDR": "metrics"}, nil,
+			[]string{`LISTEN_ADDR is "8080": want host:port`, `METRICS_ADDR is "metrics": want host:port`}},
+		{"metrics on the listener", map[string]string{"LISTEN_ADDR": ":8080", "METRICS_ADDR": ":8080"}, nil, []string{"METRICS_ADDR must differ from LISTEN_ADDR"}},
+		{"limits", map[string]string{"SUPPORT_FORM_RATE": "0", "MAX_INFLIGHT_BODY_BYTES": "10", "POISON_AFTER": "-1"}, nil,
+			[]string{"SUPPORT_FORM_RATE must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 1048576", "POISON_AFTER must be at least 0"}},
+		{"intake durations", map[string]string{"BODY_READ_TIMEOUT": "0s", "SHUTDOWN_DELAY": "-1s", "CLAIM_PROCESSING_TTL": "120000001us"}, nil,
+			[]string{"BODY_READ_TIMEOUT must be positive", "SHUTDOWN_DELAY must not be negative", "CLAIM_PROCESSING_TTL must be a whole number of milliseconds"}},
+		{"urls", map[string]string{"RESEND_API_URL": "api.resend.com", "STRIPE_API_URL": "ftp://x", "SUPPORT_FORM_REDIRECT_URL": "thanks", "SUPPORT_FORM_ORIGINS": "munchable.app"}, nil,
+			[]string{"RESEND_API_URL is invalid", "STRIPE_API_URL is invalid", "SUPPORT_FORM_REDIRECT_URL is invalid", `SUPPORT_FORM_ORIGINS has "munchable.app"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,7 +128,13 @@ func TestConfigProblems(t *testing.T) {
 			if len(lines) != len(tt.want) {
 				t.Errorf("got %d problem lines, want %d:\n%s", len(lines), len(tt.want), err)
 			}
-			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value"} {
+			// Each line says what to set instead.
+			for _, l := range lines {
+				if !strings.Contains(l, "want ") {
+					t.Errorf("%q does not say what is wanted", l)
+				}
+			}
+			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value", "sk_test_123"} {
 				if strings.Contains(err.Error(), s) {
 					t.Errorf("error reveals a secret: %s", err)
 				}
