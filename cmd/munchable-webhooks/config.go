@@ -435,7 +435,27 @@ func (c *config) warnings() []string {
 	if c.ResendDedupeTTL < resendRetryHorizon {
 		w = append(w, "RESEND_DEDUPE_TTL is shorter than Svix's 27h35m retry horizon: late retries will be applied again")
 	}
+	for _, p := range c.trustedProxies {
+		if doc, ok := documentationRange(p); ok {
+			w = append(w, fmt.Sprintf("TRUSTED_PROXIES has %s, inside the documentation range %s (deploy/configmap.yaml's placeholder): "+
+				"no load balancer stands there, so every client behind yours shares one support-form rate limit; "+
+				"set TRUSTED_PROXIES to your load balancer's addresses (such as 10.0.0.0/8), or to \"\" when clients connect directly", p, doc))
+		}
+	}
 	return w
+}
+
+// documentationRange returns the address block reserved for examples
+// (RFC 5737, RFC 3849) that p lies in, if any: a placeholder, never a real
+// proxy.
+func documentationRange(p netip.Prefix) (netip.Prefix, bool) {
+	for _, s := range []string{"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"} {
+		doc := netip.MustParsePrefix(s)
+		if doc.Bits() <= p.Bits() && doc.Contains(p.Addr()) {
+			return doc, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -143,6 +143,37 @@ func TestConfigProblems(t *testing.T) {
 	}
 }
 
+// TRUSTED_PROXIES left at deploy/configmap.yaml's placeholder works, but
+// puts every client behind the real load balancer into one rate limit.
+func TestTrustedProxiesPlaceholderWarns(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		proxies string
+		warn    bool
+	}{
+		{"192.0.2.0/24", true},
+		{"10.0.0.0/8,198.51.100.7/32", true},
+		{"203.0.113.0/24", true},
+		{"2001:db8::/48", true},
+		{"10.0.0.0/8,172.16.0.0/12", false},
+		{"192.0.0.0/16", false}, // wider than the range: real addresses too
+		{"", false},
+	}
+	for _, tt := range tests {
+		env := validEnv()
+		env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+		env["TRUSTED_PROXIES"] = tt.proxies
+		cfg, err := loadConfig(environ(env))
+		if err != nil {
+			t.Fatalf("TRUSTED_PROXIES=%q: %v", tt.proxies, err)
+		}
+		w := cfg.warnings()
+		if got := len(w) == 1 && strings.Contains(w[0], "TRUSTED_PROXIES") && strings.Contains(w[0], "set TRUSTED_PROXIES to"); got != tt.warn {
+			t.Errorf("TRUSTED_PROXIES=%q: warnings %q, want a warning saying what to set: %v", tt.proxies, w, tt.warn)
+		}
+	}
+}
+
 func TestSecretsNeverPrinted(t *testing.T) {
 	t.Parallel()
 	cfg, err := loadConfig(environ(validEnv()))
