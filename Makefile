@@ -70,22 +70,30 @@ fuzz:
 
 # dev runs the service on 127.0.0.1:8080 with the dev-only secrets of
 # docker-compose.yml (each overridable from the environment) against
-# throwaway postgres and redis-server kept under ./.dev/, or against the
-# servers named by DATABASE_URL and REDIS_URL. It prints both URLs and writes
-# them to .dev/env (`set -a; . .dev/env; set +a` in another shell, for the
-# claims and stripe subcommands). serve migrates first. Ctrl-C drains the
-# service, then stops the servers. (withservers is built, not `go run`: go
-# run exits 1 after any Ctrl-C, which would hide the service's status.)
+# throwaway postgres and redis-server kept under DEV_DIR (./.dev/), or against
+# the servers named by DATABASE_URL and REDIS_URL, and against a dev-only
+# stand-in for the Resend API (tools/devresend) serving testdata/devresend,
+# unless RESEND_API_URL is set. It prints the URLs and writes DATABASE_URL
+# and REDIS_URL to DEV_DIR/env (`set -a; . .dev/env; set +a` in another
+# shell, for send, claims, stripe and psql). serve migrates first. Ctrl-C
+# drains the service, then stops the stand-in and the servers. (withservers
+# is built, not `go run`: go run exits 1 after any Ctrl-C, which would hide
+# the service's status.) RESEND_DOWNLOAD_ALLOW_PRIVATE lets the service
+# download attachments from the stand-in, on loopback over http.
+DEV_DIR ?= .dev
 .PHONY: dev
 dev: deps-dev build
 	$(GO) build -o bin/withservers ./tools/withservers
+	$(GO) build -o bin/devresend ./tools/devresend
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
 	RESEND_WEBHOOK_SECRET="$${RESEND_WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==}" \
 	RESEND_API_KEY="$${RESEND_API_KEY:-re_dev_only}" \
+	RESEND_DOWNLOAD_ALLOW_PRIVATE="$${RESEND_DOWNLOAD_ALLOW_PRIVATE:-true}" \
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
-	bin/withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -- ./$(BIN) serve
+	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL -- \
+		bin/devresend -data testdata/devresend -- ./$(BIN) serve
 
 # soak plays Stripe and Resend (20,000 events by default, 30 % redelivered,
 # some out of order) against the service while Redis, Postgres and the
