@@ -30,8 +30,10 @@ run: build
 	./$(BIN) serve
 
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
-# TEST_REDIS_URL it starts throwaway postgres and redis-server first.
-test: deps-test
+# TEST_REDIS_URL it starts throwaway postgres and redis-server first. It
+# builds the binary first: the README's quick start test runs make dev, and
+# on a cold cache that build would otherwise eat into the test's timeout.
+test: deps-test build
 	$(GO) run ./tools/withservers -- $(GO) test -race -count=1 ./...
 
 # lint also checks the alerting rules and runs their unit tests.
