@@ -311,13 +311,14 @@ func (c *config) checkRequired(add addProblem) {
 			add("%s is required: %s", r.name, r.want)
 		}
 	}
-	for _, a := range []struct{ name, value string }{{"LISTEN_ADDR", c.ListenAddr}, {"METRICS_ADDR", c.MetricsAddr}} {
-		if a.value == "" && a.name == "METRICS_ADDR" {
-			continue // optional
+	checkAddr := func(name, addr string) {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			add("%s is %q: want host:port or :port, such as :8080 or 127.0.0.1:8080", name, addr)
 		}
-		if _, _, err := net.SplitHostPort(a.value); err != nil {
-			add("%s is %q: want host:port or :port, such as :8080 or 127.0.0.1:8080", a.name, a.value)
-		}
+	}
+	checkAddr("LISTEN_ADDR", c.ListenAddr)
+	if c.MetricsAddr != "" { // optional
+		checkAddr("METRICS_ADDR", c.MetricsAddr)
 	}
 	if c.MetricsAddr != "" && c.MetricsAddr == c.ListenAddr {
 		add("METRICS_ADDR must differ from LISTEN_ADDR: it exists to keep /metrics off the public listener; want another port, such as :9090")
