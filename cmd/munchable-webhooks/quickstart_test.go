@@ -368,7 +368,7 @@ func isInterrupt(err error) bool {
 	if st, ok := exitErr.Sys().(syscall.WaitStatus); ok && st.Signaled() {
 		return st.Signal() == syscall.SIGINT
 	}
-	return exitErr.ExitCode() == 130 || exitErr.ExitCode() == 2
+	return exitErr.ExitCode() == 128+int(syscall.SIGINT)
 }
 
 // The parser reads what the README means: inline comments, output lines,
