@@ -1,7 +1,8 @@
 # munchable-webhooks: every target runs from a clean clone with Go; dev,
-# test and lint first run scripts/ensure-deps, which installs the rest
-# (Postgres and Redis server binaries, a C compiler, chromium, promtool) with
-# apt as root, or says what to run. Nothing needs to be running.
+# test and lint first run scripts/ensure-deps for what each needs beyond Go
+# (dev: Postgres, Redis and psql; test adds a C compiler, chromium and
+# promtool; lint needs promtool), installed with apt as root, or it says what
+# to run. Nothing needs to be running.
 
 GO      ?= go
 BIN     := bin/munchable-webhooks
@@ -9,13 +10,19 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The Dockerfile builds with exactly these flags.
 BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: build run deps test lint bench fuzz
+.PHONY: build run deps deps-dev deps-test deps-lint test lint bench fuzz
 
-# deps installs what dev, test and lint need beyond Go, or says how.
+# deps installs what dev, test and lint need beyond Go, or says how;
+# deps-dev, deps-test and deps-lint only what that one target needs.
 deps:
 	@scripts/ensure-deps
+deps-dev deps-test deps-lint:
+	@scripts/ensure-deps $(@:deps-%=%)
 
+# The first build downloads the modules and compiles them all: say so, as
+# it is the one long step with no output of its own.
 build:
+	@[ -x $(BIN) ] || echo "building $(BIN) (the first build downloads the modules and compiles them: minutes, 7 on a busy 2-core machine; later builds take seconds)"
 	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN) ./cmd/munchable-webhooks
 
 # run serves with the configuration in the environment (see README.md).
@@ -23,14 +30,16 @@ run: build
 	./$(BIN) serve
 
 # test runs every test with the race detector. Without TEST_DATABASE_URL and
-# TEST_REDIS_URL it starts throwaway postgres and redis-server first. Then
-# the packages that write to Postgres run again in each pgx query mode a
-# transaction pooler needs (TEST_PGX_QUERY_MODE, read by internal/dbtest);
+# TEST_REDIS_URL it starts throwaway postgres and redis-server first. It
+# builds the binary first: the README's quick start test runs make dev, and
+# on a cold cache that build would otherwise eat into the test's timeout.
+# Then the packages that write to Postgres run again in each pgx query mode
+# a transaction pooler needs (TEST_PGX_QUERY_MODE, read by internal/dbtest);
 # the default mode ran above. Those reruns skip -race: the mode changes
 # what goes over the wire, not what runs concurrently.
 STORE_PKGS := ./internal/entitlements ./internal/stripehook ./internal/support ./internal/resendhook
 QUERY_MODES := exec simple_protocol
-test: deps
+test: deps-test build
 	$(GO) run ./tools/withservers -- sh -c '$(GO) test -race -count=1 ./... && \
 		for mode in $(QUERY_MODES); do \
 			echo "pgx query mode $$mode:"; \
@@ -40,7 +49,7 @@ test: deps
 # lint also checks the alerting rules and runs their unit tests, and checks
 # the GitHub Actions workflows with actionlint (pinned as a tool in go.mod,
 # like staticcheck).
-lint: deps
+lint: deps-lint
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
@@ -76,22 +85,33 @@ fuzz:
 
 # dev runs the service on 127.0.0.1:8080 with the dev-only secrets of
 # docker-compose.yml (each overridable from the environment) against
-# throwaway postgres and redis-server kept under ./.dev/, or against the
-# servers named by DATABASE_URL and REDIS_URL. It prints both URLs and writes
-# them to .dev/env (`set -a; . .dev/env; set +a` in another shell, for the
-# claims and stripe subcommands). serve migrates first. Ctrl-C drains the
-# service, then stops the servers. (withservers is built, not `go run`: go
-# run exits 1 after any Ctrl-C, which would hide the service's status.)
+# throwaway postgres and redis-server kept under DEV_DIR (./.dev/), or against
+# the servers named by DATABASE_URL and REDIS_URL, and against a dev-only
+# stand-in for the Resend API (tools/devresend) serving testdata/devresend,
+# unless RESEND_API_URL is set. It prints the URLs and writes DATABASE_URL
+# and REDIS_URL to DEV_DIR/env (`set -a; . .dev/env; set +a` in another
+# shell, for send, claims, stripe and psql). serve migrates first. Ctrl-C
+# drains the service, then stops the stand-in and the servers. (withservers
+# is built, not `go run`: go run exits 1 after any Ctrl-C, which would hide
+# the service's status.) RESEND_DOWNLOAD_ALLOW_PRIVATE lets the service
+# download attachments from the stand-in, on loopback over http. The tools
+# build with the binary's CGO_ENABLED and -trimpath, so that they reuse what
+# its build compiled: on a cold cache, a default build of withservers took
+# four more minutes.
+DEV_DIR ?= .dev
 .PHONY: dev
-dev: deps build
-	$(GO) build -o bin/withservers ./tools/withservers
+dev: deps-dev build
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/withservers ./tools/withservers
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devresend ./tools/devresend
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
 	RESEND_WEBHOOK_SECRET="$${RESEND_WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==}" \
 	RESEND_API_KEY="$${RESEND_API_KEY:-re_dev_only}" \
+	RESEND_DOWNLOAD_ALLOW_PRIVATE="$${RESEND_DOWNLOAD_ALLOW_PRIVATE:-true}" \
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
-	bin/withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -- ./$(BIN) serve
+	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL -- \
+		bin/devresend -data testdata/devresend -- ./$(BIN) serve
 
 # soak plays Stripe and Resend (20,000 events by default, 30 % redelivered,
 # some out of order) against the service while Redis, Postgres and the

@@ -7,7 +7,6 @@ package deploy_test
 import (
 	"net"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -78,7 +77,10 @@ func TestDockerCompose(t *testing.T) {
 	})
 
 	t.Run("make dev runs with the same dev values", func(t *testing.T) {
-		devVars := makeDevVars(t)
+		devVars, err := deploy.MakeDevVars(root)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, name := range []string{"STRIPE_WEBHOOK_SECRET", "RESEND_WEBHOOK_SECRET", "RESEND_API_KEY", "SUPPORT_INBOUND_ADDRESSES"} {
 			if devVars[name] != svc.Environment[name] {
 				t.Errorf("make dev sets %s=%q, docker-compose.yml %q", name, devVars[name], svc.Environment[name])
@@ -105,28 +107,4 @@ func checkLoopbackPort(t *testing.T, s deploy.ComposeService, container string) 
 	if container != "" && p[i+1:] != container {
 		t.Errorf("publishes container port %s, want %s", p[i+1:], container)
 	}
-}
-
-// makeDevVars reads the NAME="$${NAME:-default}" defaults of the Makefile's
-// dev target. (A regular expression, not a parser: these lines are all
-// it needs to read, and a Makefile parser would not expand the shell's
-// ${NAME:-default} either.)
-func makeDevVars(t *testing.T) map[string]string {
-	t.Helper()
-	_, recipe, ok := strings.Cut(readFile(t, "Makefile"), "\ndev:")
-	if !ok {
-		t.Fatal("Makefile has no dev target")
-	}
-	recipe, _, _ = strings.Cut(recipe, "\n\n")
-	re := regexp.MustCompile(`([A-Z_]+)="\$\$\{([A-Z_]+):-([^}"]*)\}"`)
-	vars := map[string]string{}
-	for _, m := range re.FindAllStringSubmatch(recipe, -1) {
-		if m[1] == m[2] {
-			vars[m[1]] = m[3]
-		}
-	}
-	if len(vars) == 0 {
-		t.Fatal("Makefile's dev target sets no NAME=\"$${NAME:-value}\" defaults")
-	}
-	return vars
 }

@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// make dev, test and lint install what they need first, and CI runs the
-// same script before anything else: what CI installs is what a newcomer gets.
+// make dev, test and lint install what each needs first (scripts/ensure-deps
+// with the target's name), and CI runs the same script for all of them before
+// anything else: what CI installs is what a newcomer gets.
 func TestEnsureDepsRunsFirst(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("make"); err != nil {
@@ -22,17 +23,18 @@ func TestEnsureDepsRunsFirst(t *testing.T) {
 		if err != nil {
 			t.Fatalf("make -n %s: %v", target, err)
 		}
-		if first, _, _ := strings.Cut(string(out), "\n"); first != "scripts/ensure-deps" {
-			t.Errorf("make %s runs %q first, want scripts/ensure-deps", target, first)
+		if first, _, _ := strings.Cut(string(out), "\n"); first != "scripts/ensure-deps "+target {
+			t.Errorf("make %s runs %q first, want scripts/ensure-deps %s", target, first, target)
 		}
 	}
 	var steps []string
 	for line := range strings.SplitSeq(readFile(t, ".ci/run"), "\n") {
 		if f := strings.Fields(line); len(f) > 0 && (f[0] == "make" || f[0] == "scripts/ensure-deps") {
-			steps = append(steps, f[0])
+			steps = append(steps, strings.Join(f, " "))
 		}
 	}
+	// Without an argument: everything any target needs.
 	if len(steps) < 2 || steps[0] != "scripts/ensure-deps" {
-		t.Errorf(".ci/run steps %v, want scripts/ensure-deps before make", steps)
+		t.Errorf(".ci/run steps %q, want scripts/ensure-deps (no argument: all) before make", steps)
 	}
 }

@@ -31,7 +31,41 @@ commands:
                                       holder died; it expires at CLAIM_PROCESSING_TTL. Each line
                                       shows the event's failed attempts too
 
-PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
+PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.
+Each command answers -h with its own usage.`
+
+// The usage of each claims command, for its -h.
+const (
+	claimsShowUsage = `usage: munchable-webhooks claims show PROVIDER EVENT_ID
+
+Prints the event's key and its state: processing (with its owner) or done,
+its age, when it was set, the TTL left, and the event's failed attempts
+(failures=N: a poison event shows here); "absent" when there is no key.
+PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.
+Reads REDIS_URL and REDIS_KEY_PREFIX.`
+
+	claimsReleaseUsage = `usage: munchable-webhooks claims release [-force] PROVIDER EVENT_ID
+
+Deletes the event's processing claim, whoever holds it, so that the
+provider's next retry runs at once instead of waiting for the claim to
+expire. A done key is kept unless -force is given (the next delivery then
+applies the event again). PROVIDER is stripe or resend; EVENT_ID is the
+Stripe event id or the svix-id.`
+
+	claimsDoneUsage = `usage: munchable-webhooks claims done PROVIDER EVENT_ID
+
+Marks the event done for the provider's dedupe TTL (STRIPE_DEDUPE_TTL or
+RESEND_DEDUPE_TTL): later deliveries of it are answered as duplicates and
+not applied. PROVIDER is stripe or resend; EVENT_ID is the Stripe event id
+or the svix-id.`
+
+	claimsStuckUsage = `usage: munchable-webhooks claims stuck [-older-than DURATION]
+
+Lists the processing claims older than DURATION (SCAN, never KEYS), one
+line each with the event's failed attempts, then a count. A claim older
+than HANDLER_TIMEOUT has outlived its handler, so its holder died; it
+expires at CLAIM_PROCESSING_TTL, or claims release frees it now.`
+)
 
 // claimsConfig is what the claims tool needs: Redis and the dedupe TTLs,
 // nothing of the webhook secrets or Postgres.
@@ -43,7 +77,7 @@ func (c claimsConfig) validate() []error {
 	var p []error
 	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
 	if c.RedisURL == "" {
-		add("REDIS_URL is required")
+		add("REDIS_URL is required: want redis://host:port[/db] or rediss://host:port[/db], the service's own")
 	}
 	c.check(add)
 	return p
@@ -86,7 +120,11 @@ func parseClaims(args []string, stdout, stderr io.Writer) (claimsRequest, error)
 		return claimsRequest{}, top.misuse("want a command")
 	}
 	req := claimsRequest{sub: args[0]}
-	cmd := newCommand("claims "+req.sub, claimsUsage, stdout, stderr)
+	usages := map[string]string{
+		"show": claimsShowUsage, "release": claimsReleaseUsage,
+		"done": claimsDoneUsage, "stuck": claimsStuckUsage,
+	}
+	cmd := newCommand("claims "+req.sub, usages[req.sub], stdout, stderr)
 	want := 2 // PROVIDER EVENT_ID
 	switch req.sub {
 	case "help", "-h", "-help", "--help":
@@ -94,13 +132,13 @@ func parseClaims(args []string, stdout, stderr io.Writer) (claimsRequest, error)
 		return req, flag.ErrHelp
 	case "show", "done":
 	case "release":
-		cmd.flags.BoolVar(&req.force, "force", false, "also delete a done key")
+		cmd.flags.BoolVar(&req.force, "force", false, "also delete a done key: the next delivery then applies the event again")
 	case "stuck":
 		want = 0
 		// The default is past the default HANDLER_TIMEOUT (30s) and under
 		// the default CLAIM_PROCESSING_TTL (120s), older than which no claim
 		// lives.
-		cmd.flags.DurationVar(&req.olderThan, "older-than", time.Minute, "list claims older than this")
+		cmd.flags.DurationVar(&req.olderThan, "older-than", time.Minute, "list processing claims older than `DURATION`")
 	default:
 		return req, top.misuse("unknown command %q", req.sub)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"net/url"
 	"reflect"
@@ -94,25 +95,26 @@ func (c ClaimConfig) check(add addProblem) {
 		}
 	}
 	positive := []struct {
-		name string
-		d    time.Duration
+		name    string
+		d       time.Duration
+		example string // the default
 	}{
-		{"REDIS_TIMEOUT", c.RedisTimeout},
-		{"HANDLER_TIMEOUT", c.HandlerTimeout},
-		{"CLAIM_PROCESSING_TTL", c.ClaimProcessingTTL},
-		{"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL},
-		{"RESEND_DEDUPE_TTL", c.ResendDedupeTTL},
+		{"REDIS_TIMEOUT", c.RedisTimeout, "250ms"},
+		{"HANDLER_TIMEOUT", c.HandlerTimeout, "30s"},
+		{"CLAIM_PROCESSING_TTL", c.ClaimProcessingTTL, "120s"},
+		{"STRIPE_DEDUPE_TTL", c.StripeDedupeTTL, "72h"},
+		{"RESEND_DEDUPE_TTL", c.ResendDedupeTTL, "30h"},
 	}
 	for _, v := range positive {
 		if v.d <= 0 {
-			add("%s must be positive", v.name)
+			add("%s must be positive: want a duration such as %s", v.name, v.example)
 		}
 	}
 	if c.HandlerTimeout > 0 && c.ClaimProcessingTTL < 2*c.HandlerTimeout {
-		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s): a claim must outlive any handler", c.ClaimProcessingTTL, c.HandlerTimeout)
+		add("CLAIM_PROCESSING_TTL (%s) must be at least twice HANDLER_TIMEOUT (%s): a claim must outlive any handler; want CLAIM_PROCESSING_TTL=%s or more, or a shorter HANDLER_TIMEOUT", c.ClaimProcessingTTL, c.HandlerTimeout, 2*c.HandlerTimeout)
 	}
 	if c.ClaimProcessingTTL > 0 && c.ClaimProcessingTTL%time.Millisecond != 0 {
-		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds")
+		add("CLAIM_PROCESSING_TTL must be a whole number of milliseconds: want a duration such as 120s or 1500ms")
 	}
 	for _, m := range []struct{ name, mode string }{
 		{"STRIPE_CLAIM_FAILURE_MODE", c.StripeClaimFailureMode},
@@ -123,7 +125,7 @@ func (c ClaimConfig) check(add addProblem) {
 		}
 	}
 	if c.PoisonAfter < 0 {
-		add("POISON_AFTER must be at least 0")
+		add("POISON_AFTER must be at least 0: want a count of failed attempts such as 5, or 0 for off")
 	}
 }
 
@@ -173,13 +175,17 @@ func (c *migrateConfig) validate() []error {
 	// Required even with MIGRATE_DATABASE_URL, as for serve: one
 	// environment serves both.
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
-		p = append(p, errors.New("DATABASE_URL is required"))
+		p = append(p, errors.New("DATABASE_URL is required: "+wantDatabaseURL))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		p = append(p, fmt.Errorf("LOG_LEVEL is %q: want debug, info, warn or error", c.LogLevel))
 	}
 	return p
 }
+
+// wantDatabaseURL is the form DATABASE_URL takes, for the messages that
+// refuse it.
+const wantDatabaseURL = "want postgres://user:password@host:port/dbname?sslmode=... (pgx also reads libpq's host=... dbname=... form)"
 
 // secret holds a credential. It prints and logs as [redacted]; the value is
 // read with an explicit string(s) where it is used.
@@ -231,7 +237,7 @@ func parseEnv[T any, P validator[T]](environ []string) (T, error) {
 	var problems []error
 	unparsed := map[string]bool{}
 	if err != nil {
-		problems = parseProblems[T](err)
+		problems = parseProblems[T](err, vars)
 		for _, p := range problems {
 			name, _, _ := strings.Cut(p.Error(), " ")
 			unparsed[name] = true
@@ -248,8 +254,9 @@ func parseEnv[T any, P validator[T]](environ []string) (T, error) {
 }
 
 // parseProblems names the variable behind each of caarlos0/env's errors,
-// which name only the struct field.
-func parseProblems[T any](err error) []error {
+// which name only the struct field, and the form it wants. Only the value
+// of a variable that is not a secret is quoted.
+func parseProblems[T any](err error, vars map[string]string) []error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return []error{err}
@@ -259,12 +266,32 @@ func parseProblems[T any](err error) []error {
 		var pe env.ParseError
 		if errors.As(e, &pe) {
 			f, _ := reflect.TypeFor[T]().FieldByName(pe.Name)
-			out = append(out, fmt.Errorf("%s is invalid: %w", f.Tag.Get("env"), pe.Err))
+			name := f.Tag.Get("env")
+			got := ""
+			if f.Type != reflect.TypeFor[secret]() {
+				got = fmt.Sprintf(" (%q)", vars[name])
+			}
+			out = append(out, fmt.Errorf("%s is invalid%s: %s", name, got, wantForm(f.Type)))
 			continue
 		}
 		out = append(out, e)
 	}
 	return out
+}
+
+// wantForm says what a variable of type t looks like.
+func wantForm(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		return "want a duration such as 250ms, 30s, 5m or 72h"
+	case t.Kind() == reflect.Bool:
+		return "want true or false"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return "want a whole number such as 10"
+	case t.Kind() == reflect.Slice:
+		return "want a comma-separated list"
+	}
+	return "want a " + t.String()
 }
 
 func (c *config) validate() []error {
@@ -282,23 +309,29 @@ func (c *config) validate() []error {
 type addProblem func(format string, args ...any)
 
 func (c *config) checkRequired(add addProblem) {
-	required := []struct{ name, value string }{
-		{"DATABASE_URL", string(c.DatabaseURL)},
-		{"STRIPE_WEBHOOK_SECRET", string(c.StripeWebhookSecret)},
-		{"RESEND_WEBHOOK_SECRET", string(c.ResendWebhookSecret)},
-		{"RESEND_API_KEY", string(c.ResendAPIKey)},
-		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(c.SupportInboundAddresses, "")},
+	required := []struct{ name, value, want string }{
+		{"DATABASE_URL", string(c.DatabaseURL), wantDatabaseURL},
+		{"STRIPE_WEBHOOK_SECRET", string(c.StripeWebhookSecret), wantStripeSecret},
+		{"RESEND_WEBHOOK_SECRET", string(c.ResendWebhookSecret), wantResendSecret},
+		{"RESEND_API_KEY", string(c.ResendAPIKey), "want a Resend API key, re_..., that can read received emails"},
+		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(c.SupportInboundAddresses, ""), "want comma-separated addresses or domains, such as support@munchable.app,@inbound.munchable.app"},
 	}
 	for _, r := range required {
 		if strings.TrimSpace(r.value) == "" {
-			add("%s is required", r.name)
+			add("%s is required: %s", r.name, r.want)
 		}
 	}
-	if c.ListenAddr == "" {
-		add("LISTEN_ADDR must not be empty")
+	checkAddr := func(name, addr string) {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			add("%s is %q: want host:port or :port, such as :8080 or 127.0.0.1:8080", name, addr)
+		}
+	}
+	checkAddr("LISTEN_ADDR", c.ListenAddr)
+	if c.MetricsAddr != "" { // optional
+		checkAddr("METRICS_ADDR", c.MetricsAddr)
 	}
 	if c.MetricsAddr != "" && c.MetricsAddr == c.ListenAddr {
-		add("METRICS_ADDR must differ from LISTEN_ADDR: it exists to keep /metrics off the public listener")
+		add("METRICS_ADDR must differ from LISTEN_ADDR: it exists to keep /metrics off the public listener; want another port, such as :9090")
 	}
 	l, err := parseLevel(c.LogLevel)
 	if err != nil {
@@ -307,25 +340,37 @@ func (c *config) checkRequired(add addProblem) {
 	c.logLevel = l
 }
 
-// parseEndpoints parses the URLs and the secret that need more than a type.
+// The forms of the two signing secrets, for the messages that refuse them.
+const (
+	wantStripeSecret = "want the whsec_... signing secret of the Stripe endpoint (Dashboard > Developers > Webhooks, or `stripe listen --print-secret`)"
+	wantResendSecret = "want the whsec_... signing secret of the Resend webhook (Dashboard > Webhooks)"
+)
+
+// parseEndpoints parses the URLs and the secrets that need more than a type.
 func (c *config) parseEndpoints(add addProblem) {
+	// Stripe signs with the secret's bytes as they are, so any string would
+	// verify; but only a whsec_ value is a signing secret (an sk_ or rk_
+	// key here is a mix-up, and would refuse every real delivery).
+	if s := string(c.StripeWebhookSecret); s != "" && !strings.HasPrefix(s, "whsec_") {
+		add("STRIPE_WEBHOOK_SECRET is invalid: %s", wantStripeSecret)
+	}
 	if c.ResendWebhookSecret != "" {
 		wh, err := svix.NewWebhook(string(c.ResendWebhookSecret))
 		if err != nil {
-			add("RESEND_WEBHOOK_SECRET is invalid: want the whsec_... signing secret from the Resend webhook")
+			add("RESEND_WEBHOOK_SECRET is invalid: %s", wantResendSecret)
 		}
 		c.resendWebhook = wh
 	}
 	var ok bool
 	if c.resendAPIURL, ok = parseHTTPURL(c.ResendAPIURL); !ok {
-		add("RESEND_API_URL is invalid: want an http(s) URL")
+		add("RESEND_API_URL is invalid: want an http(s) URL such as https://api.resend.com")
 	}
 	if c.stripeAPIURL, ok = parseHTTPURL(c.StripeAPIURL); !ok {
-		add("STRIPE_API_URL is invalid: want an http(s) URL")
+		add("STRIPE_API_URL is invalid: want an http(s) URL such as https://api.stripe.com")
 	}
 	if r := c.SupportFormRedirectURL; r != "" {
 		if _, ok := parseHTTPURL(r); !ok && !strings.HasPrefix(r, "/") {
-			add("SUPPORT_FORM_REDIRECT_URL is invalid: want an http(s) URL or a path")
+			add("SUPPORT_FORM_REDIRECT_URL is invalid: want an http(s) URL such as https://munchable.app/support/thanks, or a path such as /thanks")
 		}
 	}
 }
@@ -364,10 +409,10 @@ func (c *config) parseSupport(add addProblem) {
 
 func (c *config) checkDurations(add addProblem) {
 	if c.BodyReadTimeout <= 0 {
-		add("BODY_READ_TIMEOUT must be positive")
+		add("BODY_READ_TIMEOUT must be positive: want a duration such as 10s")
 	}
 	if c.ShutdownDelay < 0 {
-		add("SHUTDOWN_DELAY must not be negative")
+		add("SHUTDOWN_DELAY must not be negative: want 0s or a duration such as 5s")
 	}
 }
 
@@ -375,19 +420,20 @@ func (c *config) checkLimits(add addProblem) {
 	atLeast := []struct {
 		name     string
 		got, min int64
+		want     string
 	}{
-		{"SUPPORT_FORM_RATE", int64(c.SupportFormRate), 1},
-		{"DATABASE_MAX_CONNS", int64(c.DatabaseMaxConns), 1},
-		{"SUPPORT_ATTACHMENT_MAX_BYTES", c.SupportAttachmentMaxBytes, 0},
+		{"SUPPORT_FORM_RATE", int64(c.SupportFormRate), 1, "posts a minute per client address, such as 10"},
+		{"DATABASE_MAX_CONNS", int64(c.DatabaseMaxConns), 1, "connections per process, such as 16"},
+		{"SUPPORT_ATTACHMENT_MAX_BYTES", c.SupportAttachmentMaxBytes, 0, "a size in bytes, such as 10485760 (10 MiB)"},
 		// Twice the webhooks' 1 MiB cap: a growing body may use only the
 		// part of the budget outside the first-chunk reserve, which is at
 		// most half of it, and a 1 MiB delivery must fit there.
-		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20},
-		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1},
+		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20, "a size in bytes, such as 33554432 (32 MiB)"},
+		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1, "connections per listener, such as 1024"},
 	}
 	for _, v := range atLeast {
 		if v.got < v.min {
-			add("%s must be at least %d", v.name, v.min)
+			add("%s must be at least %d: want %s", v.name, v.min, v.want)
 		}
 	}
 }
@@ -404,7 +450,27 @@ func (c *config) warnings() []string {
 	if c.ResendDedupeTTL < resendRetryHorizon {
 		w = append(w, "RESEND_DEDUPE_TTL is shorter than Svix's 27h35m retry horizon: late retries will be applied again")
 	}
+	for _, p := range c.trustedProxies {
+		if doc, ok := documentationRange(p); ok {
+			w = append(w, fmt.Sprintf("TRUSTED_PROXIES has %s, inside the documentation range %s (deploy/configmap.yaml's placeholder): "+
+				"no load balancer stands there, so every client behind yours shares one support-form rate limit; "+
+				"set TRUSTED_PROXIES to your load balancer's addresses (such as 10.0.0.0/8), or to \"\" when clients connect directly", p, doc))
+		}
+	}
 	return w
+}
+
+// documentationRange returns the address block reserved for examples
+// (RFC 5737, RFC 3849) that p lies in, if any: a placeholder, never a real
+// proxy.
+func documentationRange(p netip.Prefix) (netip.Prefix, bool) {
+	for _, s := range []string{"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"} {
+		doc := netip.MustParsePrefix(s)
+		if doc.Bits() <= p.Bits() && doc.Contains(p.Addr()) {
+			return doc, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 func parseLevel(s string) (slog.Level, error) {

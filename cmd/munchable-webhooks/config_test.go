@@ -93,6 +93,16 @@ func TestConfigProblems(t *testing.T) {
 		{"trusted proxies", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,lan"}, nil, []string{`TRUSTED_PROXIES has "lan"`}},
 		{"connections and body budget", map[string]string{"MAX_CONNECTIONS": "0", "MAX_INFLIGHT_BODY_BYTES": "1048576"}, nil,
 			[]string{"MAX_CONNECTIONS must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 2097152"}},
+		{"stripe secret is an API key", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, nil, []string{"STRIPE_WEBHOOK_SECRET is invalid: want the whsec_"}},
+		{"listen addresses", map[string]string{"LISTEN_ADDR": "8080", "METRICS_ADDR": "metrics"}, nil,
+			[]string{`LISTEN_ADDR is "8080": want host:port`, `METRICS_ADDR is "metrics": want host:port`}},
+		{"metrics on the listener", map[string]string{"LISTEN_ADDR": ":8080", "METRICS_ADDR": ":8080"}, nil, []string{"METRICS_ADDR must differ from LISTEN_ADDR"}},
+		{"limits", map[string]string{"SUPPORT_FORM_RATE": "0", "MAX_INFLIGHT_BODY_BYTES": "10", "POISON_AFTER": "-1"}, nil,
+			[]string{"SUPPORT_FORM_RATE must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 2097152", "POISON_AFTER must be at least 0"}},
+		{"intake durations", map[string]string{"BODY_READ_TIMEOUT": "0s", "SHUTDOWN_DELAY": "-1s", "CLAIM_PROCESSING_TTL": "120000001us"}, nil,
+			[]string{"BODY_READ_TIMEOUT must be positive", "SHUTDOWN_DELAY must not be negative", "CLAIM_PROCESSING_TTL must be a whole number of milliseconds"}},
+		{"urls", map[string]string{"RESEND_API_URL": "api.resend.com", "STRIPE_API_URL": "ftp://x", "SUPPORT_FORM_REDIRECT_URL": "thanks", "SUPPORT_FORM_ORIGINS": "munchable.app"}, nil,
+			[]string{"RESEND_API_URL is invalid", "STRIPE_API_URL is invalid", "SUPPORT_FORM_REDIRECT_URL is invalid", `SUPPORT_FORM_ORIGINS has "munchable.app"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,7 +133,13 @@ func TestConfigProblems(t *testing.T) {
 			if len(lines) != len(tt.want) {
 				t.Errorf("got %d problem lines, want %d:\n%s", len(lines), len(tt.want), err)
 			}
-			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value"} {
+			// Each line says what to set instead.
+			for _, l := range lines {
+				if !strings.Contains(l, "want ") {
+					t.Errorf("%q does not say what is wanted", l)
+				}
+			}
+			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value", "sk_test_123"} {
 				if strings.Contains(err.Error(), s) {
 					t.Errorf("error reveals a secret: %s", err)
 				}
@@ -174,6 +190,37 @@ func TestRedisURLForms(t *testing.T) {
 	o, _ := parseRedisURL("redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary")
 	if o.failover.MasterName != "mymaster" || len(o.failover.SentinelAddrs) != 2 || o.failover.Password != "primary" {
 		t.Errorf("sentinel URL read as %+v", o.failover)
+	}
+}
+
+// TRUSTED_PROXIES left at deploy/configmap.yaml's placeholder works, but
+// puts every client behind the real load balancer into one rate limit.
+func TestTrustedProxiesPlaceholderWarns(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		proxies string
+		warn    bool
+	}{
+		{"192.0.2.0/24", true},
+		{"10.0.0.0/8,198.51.100.7/32", true},
+		{"203.0.113.0/24", true},
+		{"2001:db8::/48", true},
+		{"10.0.0.0/8,172.16.0.0/12", false},
+		{"192.0.0.0/16", false}, // wider than the range: real addresses too
+		{"", false},
+	}
+	for _, tt := range tests {
+		env := validEnv()
+		env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+		env["TRUSTED_PROXIES"] = tt.proxies
+		cfg, err := loadConfig(environ(env))
+		if err != nil {
+			t.Fatalf("TRUSTED_PROXIES=%q: %v", tt.proxies, err)
+		}
+		w := cfg.warnings()
+		if got := len(w) == 1 && strings.Contains(w[0], "TRUSTED_PROXIES") && strings.Contains(w[0], "set TRUSTED_PROXIES to"); got != tt.warn {
+			t.Errorf("TRUSTED_PROXIES=%q: warnings %q, want a warning saying what to set: %v", tt.proxies, w, tt.warn)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ func requiredNames(t *testing.T, load func([]string) error) []string {
 	}
 	var names []string
 	for line := range strings.SplitSeq(err.Error(), "\n") {
-		if name, ok := strings.CutSuffix(line, " is required"); ok {
+		if name, _, ok := strings.Cut(line, " is required"); ok && !strings.Contains(name, " ") {
 			names = append(names, name)
 		}
 	}

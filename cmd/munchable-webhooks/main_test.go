@@ -52,6 +52,7 @@ func TestHelpNeverActs(t *testing.T) {
 		{"claims", "-h"}, {"claims", "help"},
 		{"claims", "show", "-h"}, {"claims", "show", "stripe", "evt_1", "--help"},
 		{"claims", "release", "-h"}, {"claims", "done", "--help"}, {"claims", "stuck", "-h"},
+		{"stripe", "-h"}, {"stripe", "sync", "-h"}, {"stripe", "replay", "--help"},
 	} {
 		if err := wantUsage(t, env, args, "stdout"); err != nil {
 			t.Errorf("%q: err = %v, want nil (help acted?)", args, err)
@@ -77,6 +78,35 @@ func TestHelpListsFlags(t *testing.T) {
 		}
 		if !strings.Contains(stdout.String(), tt.want) {
 			t.Errorf("%q: usage lacks %q:\n%s", tt.args, tt.want, &stdout)
+		}
+	}
+}
+
+// A subcommand's -h is its own usage, not its parent's, and describes each
+// of its flags.
+func TestSubcommandHelpIsItsOwn(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"claims", "show"}, {"claims", "release"}, {"claims", "done"}, {"claims", "stuck"},
+		{"stripe", "sync"}, {"stripe", "replay"}, {"send"},
+	} {
+		for _, h := range []string{"-h", "--help"} {
+			var stdout bytes.Buffer
+			if err := run(t.Context(), append(append([]string{"munchable-webhooks"}, args...), h), nil, &stdout, &stdout); err != nil {
+				t.Fatalf("%q %s: %v", args, h, err)
+			}
+			out := stdout.String()
+			if want := "usage: munchable-webhooks " + strings.Join(args, " "); !strings.HasPrefix(out, want) {
+				t.Errorf("%q %s: usage begins %.60q, want %q", args, h, out, want)
+			}
+			if strings.Contains(out, "commands:") {
+				t.Errorf("%q %s: prints the parent's list of commands:\n%s", args, h, out)
+			}
+			// flag.PrintDefaults writes a description on the flag's line or
+			// the next, after a tab; an empty one leaves the tab alone.
+			if strings.Contains(out, "\t\n") || strings.HasSuffix(out, "\t") {
+				t.Errorf("%q %s: a flag without a description:\n%s", args, h, out)
+			}
 		}
 	}
 }

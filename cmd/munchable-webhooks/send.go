@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -24,15 +25,20 @@ const sendUsage = `usage: munchable-webhooks send [flags] EVENT_FILE
 Signs a sample event (testdata/events/*.json) the way its provider does and
 posts it to the service: the offline stand-in for "stripe trigger". The
 secret comes from STRIPE_WEBHOOK_SECRET or RESEND_WEBHOOK_SECRET; the
-provider from the event's type (email.* is Resend, anything else Stripe).
+provider from the event's type (email.* is Resend, anything else Stripe);
+the service's address from -url, else from LISTEN_ADDR (default :8080) on
+loopback, as healthcheck finds it.
 Prints one line per answer: status, Webhook-Idempotency, Retry-After, body.
 Exits 1 when any request got no answer or an answer other than 2xx (a 409
-or a 400 included), so scripts can rely on it; 2 on a wrong command line.`
+or a 400 included), so scripts can rely on it, and says on stderr what a
+400 or a 5xx most likely means; 2 on a wrong command line.`
 
-// sendConfig holds the signing secrets; send needs only the provider's own.
+// sendConfig holds the signing secrets (send needs only the provider's
+// own) and where the service listens.
 type sendConfig struct {
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
 	ResendWebhookSecret secret `env:"RESEND_WEBHOOK_SECRET"`
+	ListenAddr          string `env:"LISTEN_ADDR" envDefault:":8080"`
 }
 
 func (sendConfig) validate() []error { return nil }
@@ -52,7 +58,7 @@ func parseSendFlags(args []string, stdout, stderr io.Writer) (sendFlags, error) 
 	var f sendFlags
 	cmd := newCommand("send", sendUsage, stdout, stderr)
 	fs := cmd.flags
-	fs.StringVar(&f.url, "url", "http://127.0.0.1:8080", "base URL of the service; the path is the provider's webhook route")
+	fs.StringVar(&f.url, "url", "", "base `URL` of the service; the path is the provider's webhook route (default: LISTEN_ADDR's port on 127.0.0.1, http://127.0.0.1:8080 when unset)")
 	fs.StringVar(&f.provider, "provider", "", "stripe or resend (default: from the event's type)")
 	fs.IntVar(&f.n, "n", 1, "send `N` times, one after another")
 	fs.IntVar(&f.concurrency, "concurrency", 1, "send `C` copies at once (each of the N times)")
@@ -81,6 +87,12 @@ func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	if f.url == "" {
+		if _, _, err := net.SplitHostPort(cfg.ListenAddr); err != nil {
+			return fmt.Errorf("send: LISTEN_ADDR is %q: want host:port or :port, such as :8080 (or give -url)", cfg.ListenAddr)
+		}
+		f.url = strings.TrimSuffix(healthzURL(cfg.ListenAddr), "/healthz")
+	}
 	body, err := os.ReadFile(f.file)
 	if err != nil {
 		return fmt.Errorf("send: %w", err)
@@ -92,6 +104,7 @@ func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer)
 
 	client := &http.Client{Timeout: 2 * time.Minute} // longer than any handler deadline
 	failed := 0
+	statuses := map[int]bool{}
 	for range f.n {
 		answers := make(chan answer, f.concurrency)
 		for range f.concurrency {
@@ -103,7 +116,19 @@ func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer)
 			if a.status < 200 || a.status > 299 {
 				failed++
 			}
+			statuses[a.status] = true
 			fmt.Fprintln(stdout, a.line)
+		}
+	}
+	if statuses[http.StatusBadRequest] {
+		fmt.Fprintf(stderr, "send: 400: the service refused the delivery before looking at it. Most likely %s is not the secret the service runs with "+
+			"(make dev and docker compose use the dev-only values in the Makefile), or the file is not a %s event; "+
+			"the service logs the reason (signature, timestamp, malformed, ...) in the reason field of its \"webhook delivery\" line\n", out.secretName, out.provider)
+	}
+	for status := range statuses {
+		if status >= 500 && status != http.StatusServiceUnavailable {
+			fmt.Fprintf(stderr, "send: %d: the service failed to apply the event and released its claim; the err field of its \"webhook delivery\" log line says why\n", status)
+			break
 		}
 	}
 	if failed > 0 {
@@ -114,8 +139,10 @@ func send(ctx context.Context, args, environ []string, stdout, stderr io.Writer)
 
 // outgoing is one event ready to be signed and posted any number of times.
 type outgoing struct {
-	url  string
-	body []byte
+	provider   string // stripe or resend
+	secretName string // the variable that holds its signing secret
+	url        string
+	body       []byte
 	// sign returns the provider's signature headers for a send at the given
 	// time.
 	sign func(at time.Time) http.Header
@@ -150,7 +177,7 @@ func newOutgoing(f sendFlags, cfg sendConfig, body []byte) (outgoing, error) {
 				return outgoing{}, fmt.Errorf("send: %s: %w", f.file, err)
 			}
 		}
-		return outgoing{url: base + "/webhooks/stripe", body: body, sign: func(at time.Time) http.Header {
+		return outgoing{provider: provider, secretName: "STRIPE_WEBHOOK_SECRET", url: base + "/webhooks/stripe", body: body, sign: func(at time.Time) http.Header {
 			signed := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: secret, Timestamp: at})
 			return http.Header{"Stripe-Signature": {signed.Header}}
 		}}, nil
@@ -167,7 +194,7 @@ func newOutgoing(f sendFlags, cfg sendConfig, body []byte) (outgoing, error) {
 			sum := sha256.Sum256(body)
 			msgID = "msg_" + hex.EncodeToString(sum[:12])
 		}
-		return outgoing{url: base + "/webhooks/resend", body: body, sign: func(at time.Time) http.Header {
+		return outgoing{provider: provider, secretName: "RESEND_WEBHOOK_SECRET", url: base + "/webhooks/resend", body: body, sign: func(at time.Time) http.Header {
 			sig, _ := wh.Sign(msgID, at, body) // only HMAC: it never fails
 			return http.Header{
 				"Svix-Id":        {msgID},

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -306,5 +307,40 @@ func TestSendToService(t *testing.T) {
 	out, _ := runSend(t, "-url", s.url, "-age", "10m", "-id", "evt_stale", sendStripeFile)
 	if !strings.HasPrefix(out, "400 ") {
 		t.Errorf("backdated send = %q, want 400", out)
+	}
+
+	// A wrong secret: the answer, and on stderr what to check and where
+	// the reason is logged.
+	env := validEnv()
+	env["STRIPE_WEBHOOK_SECRET"] = "whsec_not_the_services"
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"munchable-webhooks", "send", "-url", s.url, "-id", "evt_wrong_secret", sendStripeFile}, environ(env), &stdout, &stderr)
+	if err == nil || !strings.HasPrefix(stdout.String(), "400 ") {
+		t.Errorf("send with a wrong secret: %v, %q; want an error and a 400", err, &stdout)
+	}
+	for _, want := range []string{"STRIPE_WEBHOOK_SECRET is not the secret the service runs with", "reason field"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("send with a wrong secret: stderr %q lacks %q", &stderr, want)
+		}
+	}
+}
+
+// Without -url, send posts to LISTEN_ADDR's port on loopback, where
+// healthcheck looks for the service too.
+func TestSendFindsTheServiceOnListenAddr(t *testing.T) {
+	t.Parallel()
+	f := newFakeProvider(t)
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := validEnv()
+	env["LISTEN_ADDR"] = ":" + u.Port()
+	var stdout, stderr bytes.Buffer
+	if err := run(t.Context(), []string{"munchable-webhooks", "send", sendStripeFile}, environ(env), &stdout, &stderr); err != nil {
+		t.Fatalf("send: %v\n%s", err, &stderr)
+	}
+	if got := f.received(); len(got) != 1 || got[0].Path != "/webhooks/stripe" {
+		t.Errorf("the provider at LISTEN_ADDR received %+v, want one Stripe delivery", got)
 	}
 }

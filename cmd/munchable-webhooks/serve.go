@@ -243,7 +243,7 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errors.New("DATABASE_URL is invalid") // the error would echo the URL
+		return nil, errors.New("DATABASE_URL is invalid: " + wantDatabaseURL) // pgx's error would echo the URL
 	}
 	pcfg.MaxConns = maxConns
 	// The service runs about fifteen distinct statements, but pgx sizes each

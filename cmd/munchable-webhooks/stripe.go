@@ -36,7 +36,28 @@ commands:
                        (at most 720h, Stripe's 30 days), oldest first, through the claim
                        flow exactly like webhook deliveries (same keys, REDIS_URL): an
                        event already done is a duplicate. --undelivered asks only for
-                       events whose webhook delivery has not succeeded`
+                       events whose webhook delivery has not succeeded
+
+Each command answers -h with its own usage.`
+
+// The usage of each stripe command, for its -h.
+const (
+	stripeSyncUsage = `usage: munchable-webhooks stripe sync
+
+Stores every Stripe subscription (status=all), then the active entitlements
+of each customer seen, as a snapshot taken when the listing began: a stored
+event newer than that is kept. Safe while the service runs, and to repeat.
+Progress on stderr, one summary line on stdout. Needs DATABASE_URL and
+STRIPE_API_KEY (a restricted key that reads subscriptions and entitlements).`
+
+	stripeReplayUsage = `usage: munchable-webhooks stripe replay -since DURATION [-undelivered]
+
+Lists the Stripe events of the handled types created in the last DURATION,
+oldest first, and runs each through the claim flow exactly like a webhook
+delivery (same keys: an event already done is a duplicate). One summary
+line: processed, duplicate, stale, unordered, failed. Needs DATABASE_URL,
+STRIPE_API_KEY (reads events) and REDIS_URL.`
+)
 
 // replayWindow is how far back Stripe keeps events.
 const replayWindow = 30 * 24 * time.Hour
@@ -65,10 +86,14 @@ func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error
 	default:
 		return stripeArgs{}, top.misuse("unknown command %q", out.command)
 	}
-	cmd := newCommand("stripe "+out.command, stripeUsage, stdout, stderr)
+	usage := stripeSyncUsage
 	if out.command == "replay" {
-		cmd.flags.DurationVar(&out.since, "since", 0, "")
-		cmd.flags.BoolVar(&out.undelivered, "undelivered", false, "")
+		usage = stripeReplayUsage
+	}
+	cmd := newCommand("stripe "+out.command, usage, stdout, stderr)
+	if out.command == "replay" {
+		cmd.flags.DurationVar(&out.since, "since", 0, "replay the events created in the last `DURATION`, such as 72h (required; at most 720h, Stripe's 30 days)")
+		cmd.flags.BoolVar(&out.undelivered, "undelivered", false, "only events whose webhook delivery has not succeeded (Stripe's delivery_success=false)")
 	}
 	if _, err := cmd.parse(args[1:], 0); err != nil {
 		return stripeArgs{}, err

@@ -1,0 +1,410 @@
+package main
+
+// The README's quick start, run as a newcomer runs it: its first terminal
+// (make dev) in the repository, its second terminal's commands one by one
+// in a shell, each documented output checked. A change that makes the
+// README wrong fails here.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/munchable/munchable-webhooks/deploy"
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+)
+
+// quickstartStep is one command of a quick start block and what the README
+// says it prints: the beginning of its first line (a comment on the same
+// line) or whole lines (comment lines under it, up to a blank line).
+type quickstartStep struct {
+	line    int // in README.md
+	command string
+	prefix  string
+	lines   []string
+}
+
+// quickstartBlock returns the commands of the fenced block that follows
+// the marker <!-- quickstart: NAME --> in the README.
+func quickstartBlock(t *testing.T, readme, name string) []quickstartStep {
+	t.Helper()
+	marker := "<!-- quickstart: " + name + " -->"
+	var (
+		steps   []quickstartStep
+		state   = 0 // 0: before the marker, 1: before the fence, 2: in the block
+		inOut   bool
+		inline  = regexp.MustCompile(`^(.*?\S)\s+# (.*)$`)
+		lineNum int
+	)
+	sc := bufio.NewScanner(strings.NewReader(readme))
+	for sc.Scan() {
+		lineNum++
+		l := sc.Text()
+		switch state {
+		case 0:
+			if strings.TrimSpace(l) == marker {
+				state = 1
+			}
+			continue
+		case 1:
+			if strings.HasPrefix(l, "```") {
+				state = 2
+			} else if strings.TrimSpace(l) != "" {
+				t.Fatalf("README.md:%d: %s is not followed by a fenced block", lineNum, marker)
+			}
+			continue
+		}
+		switch {
+		case strings.HasPrefix(l, "```"):
+			if len(steps) == 0 {
+				t.Fatalf("README.md: the %s block has no command", name)
+			}
+			return steps
+		case strings.TrimSpace(l) == "":
+			inOut = false
+		case strings.HasPrefix(l, "#"):
+			if inOut {
+				out := strings.TrimPrefix(strings.TrimPrefix(l, "#"), " ")
+				steps[len(steps)-1].lines = append(steps[len(steps)-1].lines, out)
+			}
+		default:
+			s := quickstartStep{line: lineNum, command: l}
+			if m := inline.FindStringSubmatch(l); m != nil {
+				s.command, s.prefix = m[1], m[2]
+			}
+			steps = append(steps, s)
+			inOut = true
+		}
+	}
+	t.Fatalf("README.md has no %s block (a fenced block after %s)", name, marker)
+	return nil
+}
+
+// newcomerEnv is the environment of a fresh terminal: this one's, without
+// anything the service, make dev, psql or a parent make would read from it.
+func newcomerEnv(t *testing.T) []string {
+	t.Helper()
+	service := envNames[config]()
+	dev, err := deploy.MakeDevVars(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case service[k], dev[k] != "", strings.HasPrefix(k, "PG"), strings.HasPrefix(k, "TEST_"),
+			k == "MAKEFLAGS", k == "MAKELEVEL", k == "MFLAGS", k == "DEV_DIR":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// quickstartNeeds skips the test (fails it under CI) when what make dev
+// needs is not installed: make test installs it first.
+func quickstartNeeds(t *testing.T) {
+	t.Helper()
+	var missing []string
+	for _, p := range []string{"make", "psql", "redis-server", "bash"} {
+		if _, err := exec.LookPath(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	initdb, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if _, err := exec.LookPath("initdb"); err != nil && len(initdb) == 0 && os.Getenv("PG_BIN") == "" {
+		missing = append(missing, "initdb")
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("the quick start needs %s (scripts/ensure-deps dev installs them)", strings.Join(missing, ", "))
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+func TestReadmeQuickStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs make dev: not in -short")
+	}
+	quickstartNeeds(t)
+	t.Parallel()
+	readme := readRepoFile(t, "README.md")
+	first := quickstartBlock(t, readme, "first terminal")
+	second := quickstartBlock(t, readme, "second terminal")
+
+	// The second terminal's working directory stands for the repository's
+	// root: make dev's binaries and the sample events are the repository's,
+	// .dev is make dev's DEV_DIR here, so a developer's own make dev and
+	// .dev/env are left alone. Postgres runs as the postgres user under
+	// root, so the directory must be reachable: not t.TempDir.
+	root, err := filepath.Abs(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := os.MkdirTemp("", "quickstart-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(work) })
+	if err := os.Chmod(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"bin", "testdata"} {
+		if err := os.Symlink(filepath.Join(root, name), filepath.Join(work, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port, err := dbtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(port)
+	devDir := filepath.Join(work, ".dev")
+
+	// First terminal.
+	env := newcomerEnv(t)
+	devLog := filepath.Join(work, "make-dev.log")
+	logFile, err := os.Create(devLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	var script strings.Builder
+	for _, s := range first {
+		script.WriteString(s.command + "\n")
+	}
+	dev := exec.Command("bash", "--noprofile", "--norc", "-c", script.String())
+	dev.Dir = root
+	dev.Env = append(env, "LISTEN_ADDR="+listen, "DEV_DIR="+devDir)
+	dev.Stdout, dev.Stderr = logFile, logFile
+	// A group of its own, signalled as a terminal's Ctrl-C signals its
+	// foreground group.
+	dev.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	start := time.Now()
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- dev.Wait() }()
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		_ = syscall.Kill(-dev.Process.Pid, syscall.SIGINT)
+		select {
+		case err := <-exited:
+			return err
+		case <-time.After(time.Minute):
+			_ = syscall.Kill(-dev.Process.Pid, syscall.SIGKILL)
+			<-exited
+			return errors.New("make dev did not stop within a minute of Ctrl-C")
+		}
+	}
+	t.Cleanup(func() { _ = stop() })
+	showLog := func() {
+		t.Helper()
+		b, _ := os.ReadFile(devLog)
+		t.Logf("make dev's output:\n%s", b)
+	}
+
+	// The first build may take minutes on a cold cache: wait as long as the
+	// test may, less a minute for the rest.
+	ready := time.Now().Add(8 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(ready) {
+		ready = d.Add(-time.Minute)
+	}
+	if err := waitReady(listen, ready, exited); err != nil {
+		showLog()
+		t.Fatalf("make dev: %v", err)
+	}
+	t.Logf("make dev ready in %s", time.Since(start).Round(time.Millisecond))
+
+	// Second terminal: one shell, so that what a line sets stays set, and
+	// a marker around each command to cut the output apart.
+	var sh strings.Builder
+	sh.WriteString("exec 2>&1\n")
+	for i, s := range second {
+		fmt.Fprintf(&sh, "printf '\\n@@quickstart-begin %d\\n'\n%s\nprintf '\\n@@quickstart-end %d %%d\\n' $?\n", i, s.command, i)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	term := exec.CommandContext(ctx, "bash", "--noprofile", "--norc", "-c", sh.String())
+	term.Dir = work
+	term.Env = append(newcomerEnv(t), "LISTEN_ADDR="+listen)
+	out, err := term.Output()
+	if err != nil {
+		showLog()
+		t.Fatalf("second terminal: %v\n%s", err, out)
+	}
+	outputs, statuses := cutOutputs(out, len(second))
+	failed := false
+	for i, s := range second {
+		got := outputs[i]
+		switch {
+		case statuses[i] != 0:
+			t.Errorf("README.md:%d: %s\nexit status %d, output:\n%s", s.line, s.command, statuses[i], got)
+		case s.prefix != "" && !strings.HasPrefix(got, s.prefix):
+			t.Errorf("README.md:%d: %s\nprints:\n%s\nthe README says it begins: %s", s.line, s.command, got, s.prefix)
+		case len(s.lines) > 0 && !containsLines(got, s.lines):
+			t.Errorf("README.md:%d: %s\nprints:\n%s\nthe README says:\n%s", s.line, s.command, got, strings.Join(s.lines, "\n"))
+		default:
+			continue
+		}
+		failed = true
+	}
+
+	// Ctrl-C in the first terminal: the service drains, then the stand-in
+	// and the servers stop and .dev/env goes.
+	if err := stop(); err != nil && !isInterrupt(err) {
+		t.Errorf("make dev after Ctrl-C: %v", err)
+		failed = true
+	}
+	if _, err := os.Stat(filepath.Join(devDir, "env")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Ctrl-C, .dev/env is still there (%v)", err)
+		failed = true
+	}
+	if failed {
+		showLog()
+	}
+}
+
+// waitReady polls the service's /readyz until it answers 200, make dev
+// exits, or the deadline passes.
+func waitReady(listen string, deadline time.Time, exited <-chan error) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("exited before the service was ready: %v", err)
+		default:
+		}
+		if resp, err := client.Get("http://" + listen + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the service on %s not ready by %s", listen, deadline.Format(time.TimeOnly))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// cutOutputs splits the second terminal's output at its markers into each
+// command's output (surrounding blank lines trimmed) and exit status (-1:
+// the command never finished).
+func cutOutputs(out []byte, n int) ([]string, []int) {
+	outputs := make([]string, n)
+	statuses := make([]int, n)
+	for i := range statuses {
+		statuses[i] = -1
+	}
+	cur := -1
+	var b strings.Builder
+	for _, l := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(l, "@@quickstart-begin "); ok {
+			cur, _ = strconv.Atoi(rest)
+			b.Reset()
+			continue
+		}
+		if rest, ok := strings.CutPrefix(l, "@@quickstart-end "); ok {
+			f := strings.Fields(rest)
+			if len(f) == 2 && cur >= 0 && cur < n {
+				statuses[cur], _ = strconv.Atoi(f[1])
+				outputs[cur] = strings.Trim(b.String(), "\n")
+			}
+			cur = -1
+			continue
+		}
+		if cur >= 0 {
+			b.WriteString(l + "\n")
+		}
+	}
+	return outputs, statuses
+}
+
+// containsLines reports whether want appears in got as consecutive whole
+// lines, trailing spaces aside (psql pads its headers; READMEs are trimmed).
+func containsLines(got string, want []string) bool {
+	lines := strings.Split(got, "\n")
+	for i := range lines {
+		lines[i] = strings.TrimRight(lines[i], " ")
+	}
+	for start := 0; start+len(want) <= len(lines); start++ {
+		match := true
+		for j, w := range want {
+			if lines[start+j] != strings.TrimRight(w, " ") {
+				match = false
+				break
+			}
+		}
+		if match {
+			return true
+		}
+	}
+	return false
+}
+
+// isInterrupt reports whether make dev ended the way Ctrl-C ends it: make
+// passes the interrupt on once its recipe has finished.
+func isInterrupt(err error) bool {
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) {
+		return false
+	}
+	if st, ok := exitErr.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+		return st.Signal() == syscall.SIGINT
+	}
+	return exitErr.ExitCode() == 128+int(syscall.SIGINT)
+}
+
+// The parser reads what the README means: inline comments, output lines,
+// and prose.
+func TestQuickstartBlock(t *testing.T) {
+	t.Parallel()
+	readme := "intro\n<!-- quickstart: x -->\n\n```sh\nset -a\n\n# prose\n$B send a.json   # 200 first\npsql -c \"q\"\n#  col\n# ---\n#  1\n\n# more prose\necho done\n```\n"
+	got := quickstartBlock(t, readme, "x")
+	want := []quickstartStep{
+		{line: 5, command: "set -a"},
+		{line: 8, command: "$B send a.json", prefix: "200 first"},
+		{line: 9, command: `psql -c "q"`, lines: []string{" col", "---", " 1"}},
+		{line: 15, command: "echo done"},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("quickstartBlock =\n%v\nwant\n%v", got, want)
+	}
+	if !containsLines("a\n b  \n---\nc", []string{" b", "---"}) || containsLines("a\nb", []string{"b", "c"}) {
+		t.Error("containsLines")
+	}
+	outs, sts := cutOutputs([]byte("\n@@quickstart-begin 0\nhello\n\n@@quickstart-end 0 0\n\n@@quickstart-begin 1\n"), 2)
+	if outs[0] != "hello" || sts[0] != 0 || sts[1] != -1 {
+		t.Errorf("cutOutputs = %q %v", outs, sts)
+	}
+}
+
+func readRepoFile(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,347 @@
+// Command devresend is a stand-in for the part of the Resend API that the
+// service calls for a received email, so that `make dev` can take an
+// email.received delivery end to end without Resend: it serves the mails
+// kept under testdata/devresend, in the shapes Resend documents (that
+// directory's README names each page). It is for development only: it
+// checks nothing a real API would, and it is never built into the image
+// (the Dockerfile builds ./cmd/munchable-webhooks alone).
+//
+//	devresend [-addr 127.0.0.1:0] [-data testdata/devresend] [-- command args...]
+//
+// It answers, with RESEND_API_KEY (from its environment) as the only key:
+//
+//	GET /emails/receiving/{email_id}               Retrieve Received Email
+//	GET /emails/receiving/{email_id}/attachments   List Attachments, each download_url pointing here
+//	GET /cdn/{email_id}/attachments/{id}?signature=...  the download (no key, as Resend's CDN)
+//
+// and Resend's JSON errors otherwise. Each mail is a directory named by its
+// email id, holding email.json (the Retrieve Received Email answer, with
+// its attachments listed) and attachments/{filename}, their content.
+//
+// With a command, devresend runs it with RESEND_API_URL set to its own URL
+// (unless RESEND_API_URL is already set: then it only runs the command),
+// serves until the command ends, and exits with the command's status. The
+// command stays in devresend's process group, so a signal to that group
+// (withservers sends one on Ctrl-C) reaches both; devresend catches it and
+// leaves it to the command, so it keeps serving while the service drains,
+// and ends with it. `make dev` runs
+//
+//	withservers ... -- devresend -- bin/munchable-webhooks serve
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	code, err := run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "devresend:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// urlEnv is the variable that points the service at the Resend API.
+const urlEnv = "RESEND_API_URL"
+
+func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
+	fs := flag.NewFlagSet("devresend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:0", "`host:port` to listen on (port 0: any free one; the URL is printed and given to the command)")
+	data := fs.String("data", "testdata/devresend", "`directory` of the mails to serve: one directory per email id, with email.json and attachments/")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0, nil
+	} else if err != nil {
+		return 2, err
+	}
+	command := fs.Args()
+
+	if lookup(environ, urlEnv) != "" && len(command) > 0 {
+		fmt.Fprintf(stderr, "devresend: %s is set: not serving, the command uses it\n", urlEnv)
+		return runCommand(command, environ, nil, stdout, stderr)
+	}
+
+	mails, err := loadMails(*data)
+	if err != nil {
+		return 1, err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return 1, err
+	}
+	base := "http://" + ln.Addr().String()
+	srv := &http.Server{
+		Handler:           newAPI(mails, lookup(environ, "RESEND_API_KEY"), stderr),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-served
+	}()
+	fmt.Fprintf(stderr, "devresend: dev-only stand-in for the Resend API on %s, serving %d received email(s) from %s\n", base, len(mails), *data)
+
+	if len(command) == 0 {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		select {
+		case <-ctx.Done():
+			return 0, nil
+		case err := <-served:
+			return 1, err
+		}
+	}
+	return runCommand(command, environ, []string{urlEnv + "=" + base}, stdout, stderr)
+}
+
+// runCommand runs command with env added to environ and returns its exit
+// code. SIGINT and SIGTERM are caught and left to the command: the process
+// group they were sent to holds it too (forwarding them would make them
+// arrive twice).
+func runCommand(command, environ, env []string, stdout, stderr io.Writer) (int, error) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		for range sigs {
+		}
+	}()
+
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Env = append(slices.Clone(environ), env...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	err := cmd.Run()
+	if err == nil {
+		return 0, nil
+	}
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) {
+		return 1, fmt.Errorf("run %s: %w", command[0], err)
+	}
+	if status, ok := exitErr.Sys().(syscall.WaitStatus); ok && status.Signaled() {
+		return 128 + int(status.Signal()), nil
+	}
+	return exitErr.ExitCode(), nil
+}
+
+// mail is one received email: its Retrieve Received Email answer and its
+// attachments' contents.
+type mail struct {
+	email       json.RawMessage
+	attachments []attachment
+}
+
+// attachment is one attachment as email.json lists it, with its file.
+type attachment struct {
+	ID                 string  `json:"id"`
+	Filename           string  `json:"filename"`
+	ContentType        string  `json:"content_type"`
+	ContentDisposition *string `json:"content_disposition"`
+	ContentID          *string `json:"content_id"`
+	Size               int64   `json:"size"`
+	path               string
+}
+
+// loadMails reads every mail under dir, and refuses data that would make
+// the stand-in answer something Resend would not: an email whose id is not
+// its directory's, or an attachment whose listed size is not its file's.
+func loadMails(dir string) (map[string]mail, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	mails := map[string]mail{}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		id := e.Name()
+		raw, err := os.ReadFile(filepath.Join(dir, id, "email.json"))
+		if err != nil {
+			return nil, err
+		}
+		var email struct {
+			ID          string       `json:"id"`
+			Attachments []attachment `json:"attachments"`
+		}
+		if err := json.Unmarshal(raw, &email); err != nil {
+			return nil, fmt.Errorf("%s/email.json: %w", id, err)
+		}
+		if email.ID != id {
+			return nil, fmt.Errorf("%s/email.json: id %q, want its directory's name", id, email.ID)
+		}
+		for i, a := range email.Attachments {
+			a.path = filepath.Join(dir, id, "attachments", a.Filename)
+			info, err := os.Stat(a.path)
+			if err != nil {
+				return nil, fmt.Errorf("%s: attachment %s: %w", id, a.ID, err)
+			}
+			if info.Size() != a.Size {
+				return nil, fmt.Errorf("%s/email.json lists %s with size %d, the file has %d bytes", id, a.Filename, a.Size, info.Size())
+			}
+			email.Attachments[i] = a
+		}
+		mails[id] = mail{email: raw, attachments: email.Attachments}
+	}
+	if len(mails) == 0 {
+		return nil, fmt.Errorf("%s holds no mail (a directory per email id, with email.json)", dir)
+	}
+	return mails, nil
+}
+
+// signature stands for the signed query of Resend's download URLs: the
+// download refuses a URL without it, as the CDN does.
+const signature = "dev-only"
+
+// newAPI returns the stand-in's routes.
+func newAPI(mails map[string]mail, apiKey string, log io.Writer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /emails/receiving/{id}", func(w http.ResponseWriter, r *http.Request) {
+		m, ok := authorizedMail(w, r, mails, apiKey)
+		if !ok {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(m.email)
+	})
+	mux.HandleFunc("GET /emails/receiving/{id}/attachments", func(w http.ResponseWriter, r *http.Request) {
+		m, ok := authorizedMail(w, r, mails, apiKey)
+		if !ok {
+			return
+		}
+		writeJSON(w, http.StatusOK, attachmentList(m, "http://"+r.Host, r.PathValue("id")))
+	})
+	mux.HandleFunc("GET /cdn/{email}/attachments/{id}", func(w http.ResponseWriter, r *http.Request) {
+		download(w, r, mails)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, http.StatusNotFound, "not_found", "The requested endpoint does not exist.")
+	})
+	return logRequests(mux, log)
+}
+
+// authorizedMail checks the API key and finds the mail the path names,
+// answering the error Resend would when either fails.
+func authorizedMail(w http.ResponseWriter, r *http.Request, mails map[string]mail, apiKey string) (mail, bool) {
+	key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	switch {
+	case !ok || key == "":
+		apiError(w, http.StatusUnauthorized, "missing_api_key", "Missing API key in the authorization header.")
+		return mail{}, false
+	case apiKey != "" && key != apiKey:
+		apiError(w, http.StatusForbidden, "invalid_api_key", "API key is invalid.")
+		return mail{}, false
+	}
+	m, ok := mails[r.PathValue("id")]
+	if !ok {
+		apiError(w, http.StatusNotFound, "not_found", "Email not found")
+	}
+	return m, ok
+}
+
+// attachmentList is the List Attachments answer for m, with download URLs
+// on base, valid for an hour as Resend's are.
+func attachmentList(m mail, base, emailID string) map[string]any {
+	expires := time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000Z")
+	data := make([]map[string]any, 0, len(m.attachments))
+	for _, a := range m.attachments {
+		data = append(data, map[string]any{
+			"id":                  a.ID,
+			"filename":            a.Filename,
+			"size":                a.Size,
+			"content_type":        a.ContentType,
+			"content_disposition": a.ContentDisposition,
+			"content_id":          a.ContentID,
+			"download_url":        base + "/cdn/" + url.PathEscape(emailID) + "/attachments/" + url.PathEscape(a.ID) + "?signature=" + signature,
+			"expires_at":          expires,
+		})
+	}
+	return map[string]any{"object": "list", "has_more": false, "data": data}
+}
+
+// download serves an attachment's content as the CDN does: no API key (the
+// service must never send it there), the signature in the query.
+func download(w http.ResponseWriter, r *http.Request, mails map[string]mail) {
+	if r.Header.Get("Authorization") != "" {
+		http.Error(w, "the Resend API key must not be sent to a download URL", http.StatusBadRequest)
+		return
+	}
+	if r.URL.Query().Get("signature") != signature {
+		http.Error(w, "AccessDenied", http.StatusForbidden)
+		return
+	}
+	for _, a := range mails[r.PathValue("email")].attachments {
+		if a.ID == r.PathValue("id") {
+			w.Header().Set("Content-Type", a.ContentType)
+			http.ServeFile(w, r, a.path)
+			return
+		}
+	}
+	http.Error(w, "NoSuchKey", http.StatusNotFound)
+}
+
+// apiError writes Resend's error body
+// (https://resend.com/docs/api-reference/errors).
+func apiError(w http.ResponseWriter, status int, name, message string) {
+	writeJSON(w, status, map[string]any{"statusCode": status, "name": name, "message": message})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// logRequests writes one line per request: what the service asked for and
+// what it got, beside the service's own log in make dev's terminal.
+func logRequests(next http.Handler, log io.Writer) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		fmt.Fprintf(log, "devresend: %s %s %s\n", r.Method, r.URL.Path, strconv.Itoa(sw.status))
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// lookup returns the value of key in environ, or "".
+func lookup(environ []string, key string) string {
+	v := ""
+	for _, kv := range environ {
+		if val, ok := strings.CutPrefix(kv, key+"="); ok {
+			v = val // the last one wins, as in exec
+		}
+	}
+	return v
+}
