@@ -106,4 +106,3 @@ func TestStripeCommandLine(t *testing.T) {
 		}
 	}
 }
-
