@@ -418,7 +418,8 @@ func newHarness(t testing.TB, o options) *harness {
 	if len(bad) != 0 {
 		t.Fatalf("inbound addresses %q refused", bad)
 	}
-	h.handler = resendhook.NewHandler(ep, support.NewQueue(h.pool), resendhook.Config{
+	h.handler = resendhook.New(resendhook.Config{
+		Queue:      support.NewQueue(h.pool),
 		Webhook:    h.wh,
 		APIKey:     apiKey,
 		APIURL:     apiURL,
@@ -427,7 +428,7 @@ func newHarness(t testing.TB, o options) *harness {
 		Registerer: h.reg,
 
 		AttachmentMaxBytes: o.attachmentMax,
-	})
+	}).Handler(ep)
 	return h
 }
 

@@ -21,9 +21,11 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
-// Config configures the handler; the values are parsed and checked by the
-// caller (the service's configuration), once.
+// Config is what a Receiver works with; the values are parsed and checked
+// by the caller (the service's configuration), once.
 type Config struct {
+	// Queue is where support mail goes.
+	Queue *support.Queue
 	// Webhook verifies svix signatures with the RESEND_WEBHOOK_SECRET.
 	Webhook *svix.Webhook
 	APIKey  string
@@ -51,10 +53,26 @@ type handler struct {
 	unfetchable prometheus.Counter
 }
 
-// NewHandler returns the handler of POST /webhooks/resend.
-func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handler {
+// Receiver turns Resend's deliveries into support messages. It wraps the
+// handler that the fetch and attachment code hang off.
+type Receiver struct{ h *handler }
+
+// Handler answers POST /webhooks/resend. It is a type of its own, not an
+// http.Handler, so that a router cannot be handed another provider's
+// handler for this route and still compile.
+type Handler struct{ h http.Handler }
+
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.h.ServeHTTP(w, r) }
+
+// Handler answers Resend's deliveries through ep.
+func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
+	return Handler{ep.Handler(r.h.decode)}
+}
+
+// New returns a Receiver and registers its metrics.
+func New(cfg Config) *Receiver {
 	h := &handler{
-		queue:  queue,
+		queue:  cfg.Queue,
 		wh:     cfg.Webhook,
 		client: newClient(cfg.APIURL, cfg.APIKey),
 		// The delivery's context bounds each download.
@@ -76,7 +94,7 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handl
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(h.ignored, h.unfetchable)
 	}
-	return ep.Handler(h.decode)
+	return &Receiver{h: h}
 }
 
 // decode verifies the signature on the raw bytes, then reads the event:

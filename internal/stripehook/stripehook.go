@@ -31,6 +31,10 @@ const Tolerance = 300 * time.Second
 // Config is what a Receiver works with.
 type Config struct {
 	Store *entitlements.Store
+	// Secret is the endpoint's signing secret (STRIPE_WEBHOOK_SECRET,
+	// whsec_...). Only Handler and Decoder use it: replay decodes events
+	// the API authenticated.
+	Secret string
 	// API, when not nil (STRIPE_API_KEY set), settles unordered events and
 	// completes truncated feature and item lists by asking Stripe.
 	API        *client.API
@@ -42,6 +46,7 @@ type Config struct {
 // share it.
 type Receiver struct {
 	store     *entitlements.Store
+	secret    string
 	api       *client.API
 	logger    *slog.Logger
 	thin      prometheus.Counter
@@ -54,6 +59,7 @@ type Receiver struct {
 func New(cfg Config) *Receiver {
 	r := &Receiver{
 		store:  cfg.Store,
+		secret: cfg.Secret,
 		api:    cfg.API,
 		logger: cfg.Logger,
 		thin: prometheus.NewCounter(prometheus.CounterOpts{
@@ -78,16 +84,23 @@ func New(cfg Config) *Receiver {
 	return r
 }
 
-// Handler answers POST /webhooks/stripe on ep.
-func (r *Receiver) Handler(ep *claim.Endpoint, secret string) http.Handler {
-	return ep.Handler(r.Decoder(secret))
+// Handler answers POST /webhooks/stripe. It is a type of its own, not an
+// http.Handler, so that a router cannot be handed another provider's
+// handler for this route and still compile.
+type Handler struct{ h http.Handler }
+
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.h.ServeHTTP(w, r) }
+
+// Handler answers Stripe's deliveries through ep.
+func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
+	return Handler{ep.Handler(r.Decoder())}
 }
 
 // Decoder is the handler's own verify-and-decode step. tools/bench's
 // ceiling runs exactly this and stops before the claim.
-func (r *Receiver) Decoder(secret string) claim.Decode {
+func (r *Receiver) Decoder() claim.Decode {
 	return func(h http.Header, body []byte) (claim.Event, error) {
-		if err := verify(body, h.Get("Stripe-Signature"), secret, time.Now()); err != nil {
+		if err := verify(body, h.Get("Stripe-Signature"), r.secret, time.Now()); err != nil {
 			return claim.Event{}, err
 		}
 		return r.decode(body)

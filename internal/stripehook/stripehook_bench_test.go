@@ -104,7 +104,7 @@ func benchHandler(b *testing.B) http.Handler {
 		Registerer:     reg,
 	})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour})
-	return New(Config{Store: entitlements.NewStore(pool, reg), Registerer: reg}).Handler(ep, secret)
+	return New(Config{Store: entitlements.NewStore(pool, reg), Secret: secret, Registerer: reg}).Handler(ep)
 }
 
 // benchRequest is one request, reused across iterations so that the

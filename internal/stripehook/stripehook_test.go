@@ -90,8 +90,8 @@ func newHarness(t *testing.T, o options) *harness {
 		Registerer:     h.reg,
 	})
 	h.ep = flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour, FailClosed: o.failClosed})
-	h.receiver = New(Config{Store: entitlements.NewStore(h.pool, h.reg), API: o.api, Logger: logger, Registerer: h.reg})
-	h.handler = h.receiver.Handler(h.ep, secret)
+	h.receiver = New(Config{Store: entitlements.NewStore(h.pool, h.reg), Secret: secret, API: o.api, Logger: logger, Registerer: h.reg})
+	h.handler = h.receiver.Handler(h.ep)
 	return h
 }
 
