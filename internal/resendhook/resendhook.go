@@ -59,14 +59,15 @@ type Receiver struct{ h *handler }
 
 // Handler answers POST /webhooks/resend. It is a type of its own, not an
 // http.Handler, so that a router cannot be handed another provider's
-// handler for this route and still compile.
-type Handler struct{ h http.Handler }
+// handler for this route and still compile. Like http.HandlerFunc it is
+// the func itself: the type costs no call.
+type Handler func(http.ResponseWriter, *http.Request)
 
-func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.h.ServeHTTP(w, r) }
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h(w, r) }
 
 // Handler answers Resend's deliveries through ep.
 func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
-	return Handler{ep.Handler(r.h.decode)}
+	return Handler(ep.Handler(r.h.decode))
 }
 
 // New returns a Receiver and registers its metrics.
