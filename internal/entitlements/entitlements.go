@@ -235,7 +235,7 @@ func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Even
 	if res, ok := s.fast(w, ev.ID, ev.Created); ok {
 		return res, nil
 	}
-	return settle(ctx, s, s.subscriptionTie(sub, ev, fetch))
+	return settle(ctx, s, subscriptionTie(sub, ev, fetch))
 }
 
 // readSQL reads a stored subscription and locks its row: a same-second
@@ -302,7 +302,7 @@ func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, e
 }
 
 // subscriptionTie is a subscription event for settle.
-func (s *Store) subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] {
+func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] {
 	t := tie[Subscription]{
 		eventID:  ev.ID,
 		at:       ev.Created,
