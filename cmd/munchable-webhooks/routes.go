@@ -2,21 +2,41 @@ package main
 
 import (
 	"net/http"
+	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/munchable/munchable-webhooks/internal/resendhook"
+	"github.com/munchable/munchable-webhooks/internal/stripehook"
+	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
+// routes is what serves each route. Every field has a type of its own
+// (each provider's handler is its package's Handler, not an http.Handler),
+// so a handler put on another's route does not compile.
+type routes struct {
+	// readyz reports on these.
+	postgres *postgresProbe
+	claims   *claimProbe
+	draining *atomic.Bool
+	// metrics is nil when METRICS_ADDR serves it on a listener of its own.
+	metrics http.Handler
+	stripe  stripehook.Handler
+	resend  resendhook.Handler
+	form    *support.Form
+}
+
 // addRoutes is the service's whole HTTP surface.
-func addRoutes(r chi.Router, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit http.Handler) {
+func addRoutes(r chi.Router, rt routes) {
 	r.Get("/healthz", handleHealthz())
-	r.Method(http.MethodGet, "/readyz", readyz)
-	if metrics != nil {
-		r.Method(http.MethodGet, "/metrics", metrics)
+	r.Method(http.MethodGet, "/readyz", handleReadyz(rt.postgres, rt.claims, rt.draining))
+	if rt.metrics != nil {
+		r.Method(http.MethodGet, "/metrics", rt.metrics)
 	}
 
-	r.Method(http.MethodPost, "/webhooks/stripe", stripe)
-	r.Method(http.MethodPost, "/webhooks/resend", resend)
-	r.Method(http.MethodGet, "/support", formPage)
-	r.Method(http.MethodOptions, "/support/messages", formPreflight)
-	r.Method(http.MethodPost, "/support/messages", formSubmit)
+	r.Method(http.MethodPost, "/webhooks/stripe", rt.stripe)
+	r.Method(http.MethodPost, "/webhooks/resend", rt.resend)
+	r.Method(http.MethodGet, "/support", rt.form.Page())
+	r.Method(http.MethodOptions, "/support/messages", rt.form.Preflight())
+	r.Method(http.MethodPost, "/support/messages", rt.form.Submit())
 }

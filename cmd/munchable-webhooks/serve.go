@@ -98,33 +98,34 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 
 	var draining atomic.Bool
 	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
-	handler := newServer(logger,
-		handleReadyz(probe, claimsUsable, &draining),
-		publicMetrics(cfg, metrics),
-		stripehook.New(stripehook.Config{
-			Store:      entitlements.NewStore(pool, registry),
-			API:        stripeAPI(cfg, logger),
-			Logger:     logger,
-			Registerer: registry,
-		}).Handler(
-			flow.Endpoint(cfg.provider("stripe")),
-			string(cfg.StripeWebhookSecret)),
-		resendhook.NewHandler(
-			flow.Endpoint(cfg.provider("resend")),
-			queue,
-			resendhook.Config{
-				Webhook:    cfg.resendWebhook,
-				APIKey:     string(cfg.ResendAPIKey),
-				APIURL:     cfg.resendAPIURL,
-				Inbound:    cfg.inbound,
-				Logger:     logger,
-				Registerer: registry,
+	stripe := stripehook.New(stripehook.Config{
+		Store:      entitlements.NewStore(pool, registry),
+		Secret:     string(cfg.StripeWebhookSecret),
+		API:        stripeAPI(cfg, logger),
+		Logger:     logger,
+		Registerer: registry,
+	})
+	resend := resendhook.New(resendhook.Config{
+		Queue:      queue,
+		Webhook:    cfg.resendWebhook,
+		APIKey:     string(cfg.ResendAPIKey),
+		APIURL:     cfg.resendAPIURL,
+		Inbound:    cfg.inbound,
+		Logger:     logger,
+		Registerer: registry,
 
-				AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
-				DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
-			}),
-		form.Page(), form.Preflight(), form.Submit(),
-	)
+		AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
+		DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
+	})
+	handler := newServer(logger, routes{
+		postgres: probe,
+		claims:   claimsUsable,
+		draining: &draining,
+		metrics:  publicMetrics(cfg, metrics),
+		stripe:   stripe.Handler(flow.Endpoint(cfg.provider("stripe"))),
+		resend:   resend.Handler(flow.Endpoint(cfg.provider("resend"))),
+		form:     form,
+	})
 	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
 }
 

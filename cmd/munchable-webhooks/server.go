@@ -17,15 +17,14 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/claim"
 )
 
-// newServer is the service's HTTP handler. Each route's handler is built by
-// serve and handed in; metrics is nil when METRICS_ADDR serves it
-// elsewhere.
-func newServer(logger *slog.Logger, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit http.Handler) http.Handler {
+// newServer is the service's HTTP handler. What serves each route is
+// built by serve and handed in (routes.go).
+func newServer(logger *slog.Logger, rt routes) http.Handler {
 	r := chi.NewRouter()
 	r.Use(recoverer(logger))
 	r.NotFound(jsonError(http.StatusNotFound, "not found"))
 	r.MethodNotAllowed(jsonError(http.StatusMethodNotAllowed, "method not allowed"))
-	addRoutes(r, readyz, metrics, stripe, resend, formPage, formPreflight, formSubmit)
+	addRoutes(r, rt)
 	return r
 }
 

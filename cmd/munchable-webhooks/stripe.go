@@ -8,17 +8,15 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/stripe/stripe-go/v79"
-	"github.com/stripe/stripe-go/v79/client"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
+	"github.com/munchable/munchable-webhooks/internal/stripesync"
 )
 
 const stripeUsage = `usage: munchable-webhooks stripe COMMAND [flags]
@@ -59,9 +57,6 @@ line: processed, duplicate, stale, unordered, failed. Needs DATABASE_URL,
 STRIPE_API_KEY (reads events) and REDIS_URL.`
 )
 
-// replayWindow is how far back Stripe keeps events.
-const replayWindow = 30 * 24 * time.Hour
-
 // stripeArgs is a parsed stripe command line.
 type stripeArgs struct {
 	command     string // "sync" or "replay"; "" when only help was asked for
@@ -98,7 +93,7 @@ func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error
 	if _, err := cmd.parse(args[1:], 0); err != nil {
 		return stripeArgs{}, err
 	}
-	if out.command == "replay" && (out.since <= 0 || out.since > replayWindow) {
+	if out.command == "replay" && (out.since <= 0 || out.since > stripesync.Window) {
 		return stripeArgs{}, cmd.misuse("--since %s: want a duration above 0 and at most 720h (Stripe keeps 30 days of events)", out.since)
 	}
 	return out, nil
@@ -162,7 +157,9 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	start := time.Now()
 
 	if a.command == "sync" {
-		n, err := syncStripe(ctx, api, store, logger, stderr)
+		n, err := stripesync.Sync(ctx, stripesync.SyncConfig{
+			API: api, Store: store, Logger: logger, Progress: newProgress(stderr, "stripe sync"),
+		})
 		fmt.Fprintf(stdout, "stripe sync: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
 		return err
 	}
@@ -177,220 +174,41 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	})
 	endpoint := flow.Endpoint(cfg.provider("stripe"))
 	receiver := stripehook.New(stripehook.Config{Store: store, API: api, Logger: logger})
-	n, err := replayStripe(ctx, api, receiver, endpoint, logger, stderr, time.Now().Add(-a.since), a.undelivered)
+	n, err := stripesync.Replay(ctx, stripesync.ReplayConfig{
+		API: api, Receiver: receiver, Endpoint: endpoint,
+		Since: time.Now().Add(-a.since), Undelivered: a.undelivered,
+		Logger: logger, Progress: newProgress(stderr, "stripe replay"),
+	})
 	fmt.Fprintf(stdout, "stripe replay: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
 	return err
 }
 
-// syncCounts is what a sync did; its String is the summary line.
-type syncCounts struct {
-	subscriptions, subscriptionsKept int // listed; of those, kept as stored (a newer event, or canceled)
-	invalid                          int // listed but not decodable
-	customers, customersKept         int // whose entitlements were listed; kept as stored
-	skippedCustomers                 int // Accounts v2 (acct_): no active-entitlements list
-	requests                         int
-}
-
-func (n syncCounts) String() string {
-	return fmt.Sprintf("%d subscriptions (%d stored, %d kept, %d invalid), %d customers' entitlements (%d stored, %d kept, %d skipped), %d API requests",
-		n.subscriptions, n.subscriptions-n.subscriptionsKept-n.invalid, n.subscriptionsKept, n.invalid,
-		n.customers, n.customers-n.customersKept, n.customersKept, n.skippedCustomers, n.requests)
-}
-
-// syncStripe stores every subscription, then each customer's active
-// entitlements, as a snapshot taken when the listing began (Stripe's clock:
-// the first page's Date). The store keeps a stored event from that second
-// or later, so a webhook applied during the sync is never overwritten by
-// the older state a page carried; a second sync rewrites the same state.
-func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store, logger *slog.Logger, stderr io.Writer) (n syncCounts, err error) {
-	l := stripehook.NewLister(api)
-	defer func() { n.requests = l.Requests() }()
-
-	params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
-	params.Limit = stripe.Int64(100)
-	subs := newProgress(stderr, "stripe sync: subscriptions", 0)
-	seen := map[string]bool{}
-	var customers []string
-	err = l.List(ctx, "/v1/subscriptions", params, func(id string, raw []byte) error {
-		subs.step()
-		n.subscriptions++
-		sub, err := l.Subscription(ctx, raw)
-		if err != nil && !errors.Is(err, stripehook.ErrUnreadable) {
-			return err // the API failed listing its items
-		}
-		if err != nil {
-			// One unreadable object should not stop the rest; the summary
-			// counts it and the exit status says so.
-			n.invalid++
-			logger.Error("sync: unreadable subscription", "subscription_id", id, "err", err)
-			return nil
-		}
-		res, err := store.ApplySnapshot(ctx, sub, l.TakenAt())
-		if err != nil {
-			return fmt.Errorf("store subscription %s: %w", sub.ID, err)
-		}
-		if res.Stale {
-			n.subscriptionsKept++
-		}
-		if !seen[sub.CustomerID] {
-			seen[sub.CustomerID] = true
-			customers = append(customers, sub.CustomerID)
-		}
-		return nil
-	})
-	if err != nil {
-		return n, fmt.Errorf("list subscriptions: %w", err)
-	}
-
-	// Stripe lists active entitlements per customer only; an Accounts v2
-	// customer (acct_...) has no such list.
-	slices.Sort(customers)
-	features := newProgress(stderr, "stripe sync: customers", len(customers))
-	for _, c := range customers {
-		features.step()
-		if !strings.HasPrefix(c, "cus_") {
-			n.skippedCustomers++
-			continue
-		}
-		keys, err := l.LookupKeys(ctx, c)
-		if err != nil {
-			return n, err
-		}
-		res, err := store.ApplyFeatures(ctx, c, keys, true, l.TakenAt())
-		if err != nil {
-			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
-		}
-		n.customers++
-		if res.Stale {
-			n.customersKept++
-		}
-	}
-	if n.invalid > 0 {
-		return n, fmt.Errorf("%d subscriptions could not be read; the rest are stored", n.invalid)
-	}
-	return n, nil
-}
-
-// replayCounts is what a replay did; its String is the summary line.
-type replayCounts struct {
-	listed                                             int
-	processed, duplicate, stale, unordered, inProgress int
-	failed, ignored                                    int
-	requests                                           int
-}
-
-func (n replayCounts) String() string {
-	return fmt.Sprintf("%d events: %d processed, %d duplicate, %d stale, %d unordered, %d in progress, %d failed, %d ignored; %d API requests",
-		n.listed, n.processed, n.duplicate, n.stale, n.unordered, n.inProgress, n.failed, n.ignored, n.requests)
-}
-
-// replayStripe runs the handled events created since through the claim,
-// oldest first. Stripe lists newest first, so a first pass finds the oldest
-// event and a second walks from it towards the newest with ending_before
-// (stripe-go hands those pages over oldest first): two listings, and memory
-// for one page, however many events the window holds.
-func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Receiver, ep *claim.Endpoint, logger *slog.Logger, stderr io.Writer, since time.Time, undelivered bool) (n replayCounts, err error) {
-	// replay runs one event through the claim exactly as a delivery would,
-	// with the same key. The body goes unfingerprinted (nil): the API
-	// renders an event in other bytes than the webhook did, and a
-	// fingerprint would report every duplicate as an id reused with
-	// another body.
-	var done *progress
-	replay := func(id string, raw []byte) error {
-		done.step()
-		n.listed++
-		var res entitlements.Result
-		ev, err := receiver.Event(raw, func(r entitlements.Result) { res = r })
-		if err != nil {
-			n.failed++
-			logger.Error("replay: unreadable event", "event_id", id, "err", err)
-			return nil
-		}
-		outcome, _ := ep.Process(ctx, nil, ev) // the flow logs each outcome
-		switch {
-		case outcome == claim.Processed && res.Stale:
-			n.stale++
-		case outcome == claim.Processed && res.Unordered:
-			n.unordered++
-		case outcome == claim.Processed:
-			n.processed++
-		case outcome == claim.Duplicate:
-			n.duplicate++
-		case outcome == claim.InProgress:
-			n.inProgress++
-		case outcome == claim.Ignored:
-			n.ignored++
-		default:
-			n.failed++
-		}
-		return nil
-	}
-	l := stripehook.NewLister(api)
-	defer func() { n.requests = l.Requests() }()
-	params := func() *stripe.EventListParams {
-		p := &stripe.EventListParams{
-			Types:        stripe.StringSlice(stripehook.HandledTypes()),
-			CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()},
-		}
-		if undelivered {
-			p.DeliverySuccess = stripe.Bool(false)
-		}
-		p.Limit = stripe.Int64(100)
-		return p
-	}
-
-	var oldestID string
-	var oldest []byte
-	total := 0
-	err = l.List(ctx, "/v1/events", params(), func(id string, raw []byte) error {
-		oldestID, oldest = id, raw
-		total++
-		return nil
-	})
-	if err != nil {
-		return n, fmt.Errorf("list events: %w", err)
-	}
-	if oldest == nil {
-		return n, nil
-	}
-	done = newProgress(stderr, "stripe replay: events", total)
-	_ = replay(oldestID, oldest)
-	p := params()
-	p.EndingBefore = stripe.String(oldestID)
-	if err := l.List(ctx, "/v1/events", p, replay); err != nil {
-		return n, fmt.Errorf("list events after %s: %w", oldestID, err)
-	}
-	// An event another attempt holds is not done: after an outage its
-	// holder may be a dead process, and Stripe may have stopped retrying.
-	if n.failed > 0 || n.inProgress > 0 {
-		return n, fmt.Errorf("%d events failed (logged above) and %d were held by another attempt; replay again once their claims end (claims stuck): done ones are duplicates", n.failed, n.inProgress)
-	}
-	return n, nil
-}
-
-// progress writes "done/total (rate/s)" to w at most once a second.
+// progress writes each phase's "done/total (rate/s)" to w at most once a
+// second, each line prefixed with the command ("stripe sync").
 type progress struct {
 	w           io.Writer
-	what        string
-	done, total int
+	command     string
 	start, last time.Time
 }
 
-func newProgress(w io.Writer, what string, total int) *progress {
-	now := time.Now()
-	return &progress{w: w, what: what, total: total, start: now, last: now}
+func newProgress(w io.Writer, command string) stripesync.Progress {
+	p := &progress{w: w, command: command}
+	return p.report
 }
 
-func (p *progress) step() {
-	p.done++
+func (p *progress) report(what string, done, total int) {
 	now := time.Now()
+	if done == 0 {
+		p.start, p.last = now, now
+		return
+	}
 	if now.Sub(p.last) < time.Second {
 		return
 	}
 	p.last = now
-	total := "?" // Stripe's lists do not say how long they are
-	if p.total > 0 {
-		total = fmt.Sprint(p.total)
+	all := "?" // Stripe's lists do not say how long they are
+	if total > 0 {
+		all = fmt.Sprint(total)
 	}
-	fmt.Fprintf(p.w, "%s %d/%s (%.0f/s)\n", p.what, p.done, total, float64(p.done)/now.Sub(p.start).Seconds())
+	fmt.Fprintf(p.w, "%s: %s %d/%s (%.0f/s)\n", p.command, what, done, all, float64(done)/now.Sub(p.start).Seconds())
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -377,6 +378,8 @@ type options struct {
 	// publicDownloadsOnly keeps the production rule for downloads (https,
 	// public addresses), which refuses the fake's own URLs.
 	publicDownloadsOnly bool
+	// logs, when set, receives the log lines too.
+	logs io.Writer
 }
 
 const inboundDomain = "@Inbound.Munchable.app"
@@ -412,7 +415,11 @@ func newHarness(t testing.TB, o options) *harness {
 	if o.quiet {
 		level = slog.LevelWarn
 	}
-	logger := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+	out := t.Output()
+	if o.logs != nil {
+		out = io.MultiWriter(out, o.logs)
+	}
+	logger := slog.New(slog.NewJSONHandler(out, &slog.HandlerOptions{Level: level}))
 	flow := claim.NewFlow(h.store, claim.FlowConfig{HandlerTimeout: o.handlerTimeout, Logger: logger, Registerer: h.reg})
 	ep := flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: 30 * time.Hour})
 
@@ -431,7 +438,8 @@ func newHarness(t testing.TB, o options) *harness {
 	if len(bad) != 0 {
 		t.Fatalf("inbound addresses %q refused", bad)
 	}
-	h.handler = resendhook.NewHandler(ep, support.NewQueue(h.pool), resendhook.Config{
+	h.handler = resendhook.New(resendhook.Config{
+		Queue:      support.NewQueue(h.pool),
 		Webhook:    h.wh,
 		APIKey:     apiKey,
 		APIURL:     apiURL,
@@ -442,7 +450,7 @@ func newHarness(t testing.TB, o options) *harness {
 		AttachmentMaxBytes: o.attachmentMax,
 		// The fake's download URLs are on loopback, over http.
 		DownloadAllowPrivate: !o.publicDownloadsOnly,
-	})
+	}).Handler(ep)
 	return h
 }
 

@@ -21,9 +21,11 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
-// Config configures the handler; the values are parsed and checked by the
-// caller (the service's configuration), once.
+// Config is what a Receiver works with; the values are parsed and checked
+// by the caller (the service's configuration), once.
 type Config struct {
+	// Queue is where support mail goes.
+	Queue *support.Queue
 	// Webhook verifies svix signatures with the RESEND_WEBHOOK_SECRET.
 	Webhook *svix.Webhook
 	APIKey  string
@@ -55,10 +57,27 @@ type handler struct {
 	mail        mailMetrics
 }
 
-// NewHandler returns the handler of POST /webhooks/resend.
-func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handler {
+// Receiver turns Resend's deliveries into support messages. It wraps the
+// handler that the fetch and attachment code hang off.
+type Receiver struct{ h *handler }
+
+// Handler answers POST /webhooks/resend. It is a type of its own, not an
+// http.Handler, so that a router cannot be handed another provider's
+// handler for this route and still compile. Like http.HandlerFunc it is
+// the func itself: the type costs no call.
+type Handler func(http.ResponseWriter, *http.Request)
+
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h(w, r) }
+
+// Handler answers Resend's deliveries through ep.
+func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
+	return Handler(ep.Handler(r.h.decode))
+}
+
+// New returns a Receiver and registers its metrics.
+func New(cfg Config) *Receiver {
 	h := &handler{
-		queue:  queue,
+		queue:  cfg.Queue,
 		wh:     cfg.Webhook,
 		client: newClient(cfg.APIURL, cfg.APIKey),
 		downloads: downloader{
@@ -84,7 +103,7 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handl
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(h.ignored, h.unfetchable, h.mail.truncated)
 	}
-	return ep.Handler(h.decode)
+	return &Receiver{h: h}
 }
 
 // decode verifies the signature on the raw bytes, then reads the event:
@@ -115,7 +134,7 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 		return out, nil
 	}
 	logger := h.logger.With("provider", "resend", "event_id", out.ID, "event_type", ev.Type, "email_id", d.EmailID)
-	out.Apply = func(ctx context.Context) error {
+	out.Apply = func(ctx context.Context) (claim.Effect, error) {
 		return h.apply(ctx, logger, d, to)
 	}
 	return out, nil
@@ -149,25 +168,29 @@ func messageID(h http.Header) string {
 // Svix retries): the API's 5xx, 429, a network error, the handler
 // deadline, a failed download, and a 404 or an answer that is not the
 // announced email, which mean a wrong RESEND_API_URL or another team's API
-// key, never a mail to drop.
-func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) error {
+// key, never a mail to drop. A message already queued (an earlier
+// delivery, or the same mail under another svix-id) is unchanged.
+func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) (claim.Effect, error) {
 	a, err := fetchEmail(ctx, h.client, d.EmailID)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
 	}
 	if err != nil {
-		return fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
+		return "", fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
 	}
 	h.mail.report(ctx, logger, a)
 	atts, err := h.attachmentsOf(ctx, &a.email)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer atts.Close()
 	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, &a.email, to, time.Now()), atts.write)
 	if err != nil {
-		return err
+		return "", err
 	}
 	logger.DebugContext(ctx, "support message enqueued", "support_message_id", id, "inserted", inserted)
-	return nil
+	if !inserted {
+		return claim.Unchanged, nil
+	}
+	return claim.Applied, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/base64"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -498,7 +497,7 @@ func TestFallbacks(t *testing.T) {
 }
 
 // The handler's metrics are registered on the registry it is given.
-func TestNewHandlerRegisters(t *testing.T) {
+func TestNewRegisters(t *testing.T) {
 	t.Parallel()
 	wh, err := svix.NewWebhook("whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")))
 	if err != nil {
@@ -506,8 +505,8 @@ func TestNewHandlerRegisters(t *testing.T) {
 	}
 	inbound, _ := resendhook.ParseInbound([]string{"support@munchable.app"})
 	reg := prometheus.NewRegistry()
-	resendhook.NewHandler(endpoint(), support.NewQueue(nil), resendhook.Config{
-		Webhook: wh, APIKey: apiKey, APIURL: &url.URL{Scheme: "https", Host: "api.resend.com"}, Inbound: inbound, Registerer: reg,
+	resendhook.New(resendhook.Config{
+		Queue: support.NewQueue(nil), Webhook: wh, APIKey: apiKey, APIURL: &url.URL{Scheme: "https", Host: "api.resend.com"}, Inbound: inbound, Registerer: reg,
 	})
 	families, err := reg.Gather()
 	if err != nil {
@@ -522,13 +521,6 @@ func TestNewHandlerRegisters(t *testing.T) {
 			t.Errorf("%s not registered (have %v)", name, got)
 		}
 	}
-}
-
-// endpoint is a claim endpoint for tests that never reach the claim.
-func endpoint() *claim.Endpoint {
-	store := claim.NewStore(nil, claim.StoreConfig{Prefix: "unused", Timeout: time.Second, ProcessingTTL: time.Minute})
-	flow := claim.NewFlow(store, claim.FlowConfig{HandlerTimeout: time.Second, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	return flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: time.Hour})
 }
 
 // A signed delivery that reuses a done svix-id with another body (another

@@ -31,6 +31,10 @@ const Tolerance = 300 * time.Second
 // Config is what a Receiver works with.
 type Config struct {
 	Store *entitlements.Store
+	// Secret is the endpoint's signing secret (STRIPE_WEBHOOK_SECRET,
+	// whsec_...). Only Handler and Decoder use it: replay decodes events
+	// the API authenticated.
+	Secret string
 	// API, when not nil (STRIPE_API_KEY set), settles unordered events and
 	// completes truncated feature and item lists by asking Stripe.
 	API        *client.API
@@ -42,6 +46,7 @@ type Config struct {
 // share it.
 type Receiver struct {
 	store     *entitlements.Store
+	secret    string
 	api       *client.API
 	logger    *slog.Logger
 	thin      prometheus.Counter
@@ -54,6 +59,7 @@ type Receiver struct {
 func New(cfg Config) *Receiver {
 	r := &Receiver{
 		store:  cfg.Store,
+		secret: cfg.Secret,
 		api:    cfg.API,
 		logger: cfg.Logger,
 		thin: prometheus.NewCounter(prometheus.CounterOpts{
@@ -78,46 +84,64 @@ func New(cfg Config) *Receiver {
 	return r
 }
 
-// Handler answers POST /webhooks/stripe on ep.
-func (r *Receiver) Handler(ep *claim.Endpoint, secret string) http.Handler {
-	return ep.Handler(r.Decoder(secret))
+// Handler answers POST /webhooks/stripe. It is a type of its own, not an
+// http.Handler, so that a router cannot be handed another provider's
+// handler for this route and still compile. Like http.HandlerFunc it is
+// the func itself: the type costs no call.
+type Handler func(http.ResponseWriter, *http.Request)
+
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h(w, r) }
+
+// Handler answers Stripe's deliveries through ep.
+func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
+	return Handler(ep.Handler(r.Decoder()))
 }
 
 // Decoder is the handler's own verify-and-decode step. tools/bench's
 // ceiling runs exactly this and stops before the claim.
-func (r *Receiver) Decoder(secret string) claim.Decode {
+func (r *Receiver) Decoder() claim.Decode {
 	return func(h http.Header, body []byte) (claim.Event, error) {
-		if err := verify(body, h.Get("Stripe-Signature"), secret, time.Now()); err != nil {
+		if err := verify(body, h.Get("Stripe-Signature"), r.secret, time.Now()); err != nil {
 			return claim.Event{}, err
 		}
-		return r.decode(body, nil)
+		return r.decode(body)
 	}
 }
 
 // Event decodes an event body already authenticated some other way (stripe
-// replay reads it from the API) into what the claim runs. Its Apply calls
-// onResult, when not nil, with what the store did.
-func (r *Receiver) Event(body []byte, onResult func(entitlements.Result)) (claim.Event, error) {
-	return r.decode(body, onResult)
+// replay reads it from the API) into what the claim runs.
+func (r *Receiver) Event(body []byte) (claim.Event, error) {
+	return r.decode(body)
 }
 
 // applier wraps an event's write: the one place an unordered event is
-// logged, and a result is reported.
-func (r *Receiver) applier(ev claim.Event, apply applyFunc, onResult func(entitlements.Result)) func(context.Context) error {
-	return func(ctx context.Context) error {
+// logged, and the store's verdict becomes the flow's effect.
+func (r *Receiver) applier(ev claim.Event, apply applyFunc) func(context.Context) (claim.Effect, error) {
+	return func(ctx context.Context) (claim.Effect, error) {
 		res, err := apply(ctx)
 		if err != nil {
-			return fmt.Errorf("apply %s: %w", ev.ID, err)
+			return "", fmt.Errorf("apply %s: %w", ev.ID, err)
 		}
-		if res.Unordered {
+		if res.Verdict == entitlements.Unordered {
 			r.logger.Warn("unordered same-second event kept out: set STRIPE_API_KEY to settle such events from the API",
 				"event_id", ev.ID, "event_type", ev.Type, "stored_event_id", res.StoredEventID, "differs", res.Differs)
 		}
-		if onResult != nil {
-			onResult(res)
-		}
-		return nil
+		return effect(res.Verdict), nil
 	}
+}
+
+// effect spells the store's verdict as the flow's effect. A state read
+// from Stripe and stored (Revalidated) is applied: a write happened.
+func effect(v entitlements.Verdict) claim.Effect {
+	switch v {
+	case entitlements.Unchanged:
+		return claim.Unchanged
+	case entitlements.Stale:
+		return claim.Stale
+	case entitlements.Unordered:
+		return claim.Unordered
+	}
+	return claim.Applied
 }
 
 // verify checks the signature only: stripe-go's ConstructEvent would also

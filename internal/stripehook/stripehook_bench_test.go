@@ -67,7 +67,7 @@ func BenchmarkDecode(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.decode(body, nil); err != nil {
+		if _, err := r.decode(body); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -104,7 +104,7 @@ func benchHandler(b *testing.B) http.Handler {
 		Registerer:     reg,
 	})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour})
-	return New(Config{Store: entitlements.NewStore(pool, reg), Registerer: reg}).Handler(ep, secret)
+	return New(Config{Store: entitlements.NewStore(pool, reg), Secret: secret, Registerer: reg}).Handler(ep)
 }
 
 // benchRequest is one request, reused across iterations so that the

@@ -90,8 +90,8 @@ func newHarness(t *testing.T, o options) *harness {
 		Registerer:     h.reg,
 	})
 	h.ep = flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: 72 * time.Hour, FailClosed: o.failClosed})
-	h.receiver = New(Config{Store: entitlements.NewStore(h.pool, h.reg), API: o.api, Logger: logger, Registerer: h.reg})
-	h.handler = h.receiver.Handler(h.ep, secret)
+	h.receiver = New(Config{Store: entitlements.NewStore(h.pool, h.reg), Secret: secret, API: o.api, Logger: logger, Registerer: h.reg})
+	h.handler = h.receiver.Handler(h.ep)
 	return h
 }
 
@@ -596,5 +596,22 @@ func TestHostileBodies(t *testing.T) {
 	}
 	if keys := h.rdb.Keys(t.Context(), h.claims.Key("stripe", "*")).Val(); len(keys) != 0 {
 		t.Errorf("hostile bodies took claims: %v", keys)
+	}
+}
+
+// Every verdict of the store is one of the flow's effects; a state read
+// from Stripe and stored is applied.
+func TestEffectOfVerdict(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[entitlements.Verdict]claim.Effect{
+		entitlements.Applied:     claim.Applied,
+		entitlements.Unchanged:   claim.Unchanged,
+		entitlements.Stale:       claim.Stale,
+		entitlements.Unordered:   claim.Unordered,
+		entitlements.Revalidated: claim.Applied,
+	} {
+		if got := effect(v); got != want {
+			t.Errorf("effect(%s) = %s, want %s", v, got, want)
+		}
 	}
 }

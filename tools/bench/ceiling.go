@@ -27,7 +27,7 @@ func serveCeiling(args []string) error {
 	switch args[0] {
 	case "chi":
 	case "intake":
-		service := stripehook.New(stripehook.Config{}).Decoder(stripeSecret)
+		service := stripehook.New(stripehook.Config{Secret: stripeSecret}).Decoder()
 		decode = func(h http.Header, body []byte) (claim.Event, error) {
 			ev, err := service(h, body)
 			ev.Apply = nil // answered as ignored: no claim, no store
