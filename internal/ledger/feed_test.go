@@ -89,7 +89,7 @@ func begin(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 
 // consumer reads the feed as an app does, remembering only its cursor.
 type consumer struct {
-	pool   *pgxpool.Pool
+	pool    *pgxpool.Pool
 	cursor  ledger.Cursor
 	seen    []int64
 	changes []ledger.Change
