@@ -47,6 +47,10 @@ type config struct {
 	BodyReadTimeout      time.Duration `env:"BODY_READ_TIMEOUT" envDefault:"10s"`
 	MaxInflightBodyBytes int64         `env:"MAX_INFLIGHT_BODY_BYTES" envDefault:"33554432"`
 
+	// EventsRetention is how long the ledger and the feed keep their rows;
+	// 0 keeps them.
+	EventsRetention time.Duration `env:"EVENTS_RETENTION" envDefault:"720h"`
+
 	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"16"`
 	ShutdownDelay    time.Duration `env:"SHUTDOWN_DELAY" envDefault:"0s"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`
@@ -358,6 +362,9 @@ func (c *config) checkDurations(add addProblem) {
 	}
 	if c.ShutdownDelay < 0 {
 		add("SHUTDOWN_DELAY must not be negative")
+	}
+	if c.EventsRetention < 0 {
+		add("EVENTS_RETENTION must not be negative (0 keeps every row)")
 	}
 }
 

@@ -259,3 +259,28 @@ func pgconnTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
 }
+
+// changesOfSQL reads an event's changes (changes_event serves it). Event
+// ids of both providers share the column; a Stripe id (evt_...) and a
+// svix-id (msg_...) never collide.
+const changesOfSQL = `
+SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after
+FROM changes WHERE event_id = $1 ORDER BY id`
+
+// ChangesOf returns the changes an event made, in order. Their cursors
+// are unset: an operator's view, not a position in the feed.
+func (l *Ledger) ChangesOf(ctx context.Context, eventID string) ([]Change, error) {
+	rows, err := l.pool.Query(ctx, changesOfSQL, eventID)
+	if err != nil {
+		return nil, fmt.Errorf("changes of %s: %w", eventID, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Change, error) {
+		var c Change
+		err := row.Scan(&c.ID, &c.At, &c.Kind, &c.Subject, &c.StripeCustomerID, &c.EventID, &c.Before, &c.After)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("changes of %s: %w", eventID, err)
+	}
+	return out, nil
+}
