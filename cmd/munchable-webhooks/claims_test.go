@@ -121,10 +121,10 @@ func TestClaimsShowFailures(t *testing.T) {
 	flow := claim.NewFlow(store, claim.FlowConfig{HandlerTimeout: time.Second})
 	ep := flow.Endpoint(claim.Provider{Name: "stripe", DedupeTTL: time.Hour})
 	failing := claim.Event{ID: "evt_poison", Type: "customer.subscription.updated",
-		Apply: func(context.Context) error { return errors.New("upsert: boom") }}
+		Apply: func(context.Context) (claim.Effect, error) { return "", errors.New("upsert: boom") }}
 	for range 3 {
-		if outcome, _ := ep.Process(ctx, []byte(`{}`), failing); outcome != claim.Failed {
-			t.Fatalf("outcome = %s, want failed", outcome)
+		if res, _ := ep.Process(ctx, []byte(`{}`), failing); res.Outcome != claim.Failed {
+			t.Fatalf("outcome = %s, want failed", res.Outcome)
 		}
 	}
 	env := []string{"REDIS_URL=" + dbtest.RedisURL(t), "REDIS_KEY_PREFIX=" + prefix}

@@ -200,11 +200,11 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 			logger.Error("sync: unreadable subscription", "subscription_id", id, "err", err)
 			return nil
 		}
-		res, err := store.ApplySnapshot(ctx, sub, l.TakenAt())
+		res, err := store.SnapshotSubscription(ctx, sub, l.TakenAt())
 		if err != nil {
 			return fmt.Errorf("store subscription %s: %w", sub.ID, err)
 		}
-		if res.Stale {
+		if res.Verdict == entitlements.Stale {
 			n.subscriptionsKept++
 		}
 		if !seen[sub.CustomerID] {
@@ -231,12 +231,13 @@ func syncStripe(ctx context.Context, api *client.API, store *entitlements.Store,
 		if err != nil {
 			return n, err
 		}
-		res, err := store.ApplyFeatures(ctx, c, keys, true, l.TakenAt())
+		f := entitlements.Features{CustomerID: c, LookupKeys: keys, Complete: true}
+		res, err := store.SnapshotFeatures(ctx, f, l.TakenAt())
 		if err != nil {
 			return n, fmt.Errorf("store entitlements of %s: %w", c, err)
 		}
 		n.customers++
-		if res.Stale {
+		if res.Verdict == entitlements.Stale {
 			n.customersKept++
 		}
 	}
@@ -274,26 +275,25 @@ func replayStripe(ctx context.Context, api *client.API, receiver *stripehook.Rec
 	replay := func(id string, raw []byte) error {
 		done.step()
 		n.listed++
-		var res entitlements.Result
-		ev, err := receiver.Event(raw, func(r entitlements.Result) { res = r })
+		ev, err := receiver.Event(raw)
 		if err != nil {
 			n.failed++
 			logger.Error("replay: unreadable event", "event_id", id, "err", err)
 			return nil
 		}
-		outcome, _ := ep.Process(ctx, nil, ev) // the flow logs each outcome
+		res, _ := ep.Process(ctx, nil, ev) // the flow logs each outcome
 		switch {
-		case outcome == claim.Processed && res.Stale:
+		case res.Outcome == claim.Processed && res.Effect == claim.Stale:
 			n.stale++
-		case outcome == claim.Processed && res.Unordered:
+		case res.Outcome == claim.Processed && res.Effect == claim.Unordered:
 			n.unordered++
-		case outcome == claim.Processed:
+		case res.Outcome == claim.Processed:
 			n.processed++
-		case outcome == claim.Duplicate:
+		case res.Outcome == claim.Duplicate:
 			n.duplicate++
-		case outcome == claim.InProgress:
+		case res.Outcome == claim.InProgress:
 			n.inProgress++
-		case outcome == claim.Ignored:
+		case res.Outcome == claim.Ignored:
 			n.ignored++
 		default:
 			n.failed++

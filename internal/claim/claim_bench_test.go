@@ -82,7 +82,7 @@ func benchFlow(b *testing.B) *Flow {
 	})
 }
 
-func noop(context.Context) error { return nil }
+func noop(context.Context) (Effect, error) { return Applied, nil }
 
 // BenchmarkRunFirst: the whole flow for a new event with an effect that
 // costs nothing: claim, apply, confirm (two round trips).

@@ -28,12 +28,30 @@ type Provider struct {
 type Event struct {
 	ID   string
 	Type string
-	// Apply commits the event's effect. It must be idempotent in its store:
-	// with Redis down it may run more than once for one event. A nil Apply
-	// marks an event this service has no use for: it is answered as
-	// ignored, without a claim.
-	Apply func(ctx context.Context) error
+	// Apply commits the event's effect and says what the store did. It
+	// must be idempotent in its store: with Redis down it may run more than
+	// once for one event. A nil Apply marks an event this service has no
+	// use for: it is answered as ignored, without a claim.
+	Apply func(ctx context.Context) (Effect, error)
 }
+
+// Effect is what an Apply did in its store, spelled as the ledger's
+// outcome column (webhook_events.outcome). Every one of them is a
+// processed delivery: the provider gets its 200 whichever it is.
+type Effect string
+
+const (
+	// Applied: the event's effect, or a state read from the provider's
+	// API, was written.
+	Applied Effect = "applied"
+	// Unchanged: the stored state already was the event's.
+	Unchanged Effect = "unchanged"
+	// Stale: the stored state is newer; nothing was written.
+	Stale Effect = "stale"
+	// Unordered: a same-second event that could not be ordered and was
+	// kept out, for want of an API to ask.
+	Unordered Effect = "unordered"
+)
 
 // Outcome is what became of a delivery, spelled as the
 // webhook_deliveries_total outcome label.
@@ -70,6 +88,9 @@ type verdict struct {
 	retryAfter time.Duration
 	// mismatch: the event id was seen before with a different body.
 	mismatch bool
+	// effect is what Apply did in its store; "" when it did not run or
+	// failed.
+	effect Effect
 	// err is why the handler failed, or why the delivery was rejected.
 	err error
 }
@@ -133,17 +154,24 @@ type Endpoint struct {
 	provider Provider
 }
 
+// Result is what became of an event run by Process.
+type Result struct {
+	Outcome Outcome
+	// Effect is what the store did; "" unless Outcome is Processed.
+	Effect Effect
+}
+
 // Process runs an event that did not arrive over HTTP (stripe replay)
 // through the same claim, keys and effect as a delivery of it. body, when
 // not nil, is fingerprinted as a delivery's would be.
-func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Outcome, error) {
+func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, error) {
 	start := time.Now()
 	v := verdict{outcome: Ignored}
 	if ev.Apply != nil {
 		v = e.flow.run(ctx, e.provider, body, ev)
 	}
 	e.record(ctx, ev, v, start)
-	return v.outcome, v.err
+	return Result{Outcome: v.outcome, Effect: v.effect}, v.err
 }
 
 // run takes ev through the claim. It never answers Processed or Duplicate
@@ -228,13 +256,14 @@ func (f *Flow) apply(ctx context.Context, p Provider, ev Event) (v verdict) {
 			v = verdict{outcome: Failed, err: fmt.Errorf("handler panic: %v", r)}
 		}
 	}()
-	if err := ev.Apply(ctx); err != nil {
+	effect, err := ev.Apply(ctx)
+	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("handler deadline %s: %w", f.handlerTimeout, err)
 		}
 		return verdict{outcome: Failed, err: err}
 	}
-	return verdict{outcome: Processed}
+	return verdict{outcome: Processed, effect: effect}
 }
 
 // fingerprint identifies a body, stored with the claim to spot an event id
@@ -275,6 +304,9 @@ func (e *Endpoint) record(ctx context.Context, ev Event, v verdict, start time.T
 		slog.String("outcome", string(v.outcome)),
 		slog.Bool("degraded", v.degraded != ""),
 		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+	}
+	if v.effect != "" {
+		attrs = append(attrs, slog.String("effect", string(v.effect)))
 	}
 	if v.degraded != "" {
 		attrs = append(attrs, slog.String("degraded_reason", v.degraded), slog.String("redis_err", v.redisErr.Error()))

@@ -37,10 +37,13 @@ func newTestFlow(t *testing.T, s *Store, handlerTimeout time.Duration) *Flow {
 // counter counts Apply calls: the number of times an effect would be applied.
 type counter struct{ n atomic.Int32 }
 
-func (c *counter) apply(err error) func(context.Context) error {
-	return func(context.Context) error {
+func (c *counter) apply(err error) func(context.Context) (Effect, error) {
+	return func(context.Context) (Effect, error) {
 		c.n.Add(1)
-		return err
+		if err != nil {
+			return "", err
+		}
+		return Applied, nil
 	}
 }
 
@@ -49,7 +52,7 @@ type delivery struct {
 	ev   Event
 }
 
-func newDelivery(id string, apply func(context.Context) error) delivery {
+func newDelivery(id string, apply func(context.Context) (Effect, error)) delivery {
 	return delivery{body: []byte(`{"id":"` + id + `"}`), ev: Event{ID: id, Type: "test.event", Apply: apply}}
 }
 
@@ -84,10 +87,10 @@ func TestRunInProgressIsNotDuplicate(t *testing.T) {
 	var first verdict
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		first = f.runTest(t.Context(), stripe, newDelivery("evt_b", func(context.Context) error {
+		first = f.runTest(t.Context(), stripe, newDelivery("evt_b", func(context.Context) (Effect, error) {
 			close(started)
 			<-release
-			return nil
+			return Applied, nil
 		}))
 	})
 	<-started
@@ -131,7 +134,7 @@ func TestRunPanicReleases(t *testing.T) {
 	ctx := t.Context()
 	s, rdb := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, time.Second)
-	o := f.runTest(ctx, stripe, newDelivery("evt_p", func(context.Context) error { panic("boom") }))
+	o := f.runTest(ctx, stripe, newDelivery("evt_p", func(context.Context) (Effect, error) { panic("boom") }))
 	if o.outcome != Failed || o.err == nil {
 		t.Fatalf("panicking run = %+v, want failed with an error", o)
 	}
@@ -146,9 +149,9 @@ func TestRunHandlerDeadline(t *testing.T) {
 	s, rdb := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 100*time.Millisecond)
 	start := time.Now()
-	o := f.runTest(ctx, stripe, newDelivery("evt_d", func(ctx context.Context) error {
+	o := f.runTest(ctx, stripe, newDelivery("evt_d", func(ctx context.Context) (Effect, error) {
 		<-ctx.Done()
-		return ctx.Err()
+		return "", ctx.Err()
 	}))
 	if o.outcome != Failed || !errors.Is(o.err, context.DeadlineExceeded) {
 		t.Fatalf("stuck handler = %+v, want failed by the deadline", o)
@@ -167,10 +170,10 @@ func TestRunSurvivesRequestCancellation(t *testing.T) {
 	s, _ := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 5*time.Second)
 	ctx, cancel := context.WithCancel(t.Context())
-	o := f.runTest(ctx, stripe, newDelivery("evt_cancel", func(ctx context.Context) error {
+	o := f.runTest(ctx, stripe, newDelivery("evt_cancel", func(ctx context.Context) (Effect, error) {
 		cancel()
 		time.Sleep(20 * time.Millisecond)
-		return ctx.Err()
+		return "", ctx.Err()
 	}))
 	if o.outcome != Processed {
 		t.Fatalf("run whose request was cancelled = %+v, want processed", o)
@@ -182,10 +185,10 @@ func TestRunConcurrentDuplicatesApplyOnce(t *testing.T) {
 	s, _ := newTestStore(t, time.Minute)
 	f := newTestFlow(t, s, 5*time.Second)
 	var c counter
-	apply := func(context.Context) error {
+	apply := func(context.Context) (Effect, error) {
 		c.n.Add(1)
 		time.Sleep(50 * time.Millisecond)
-		return nil
+		return Applied, nil
 	}
 	results := make(chan Outcome, 20)
 	var wg sync.WaitGroup
@@ -426,7 +429,7 @@ func TestRunPoisonEventNamedAndCountedOnce(t *testing.T) {
 	poison := f.metrics.poison.WithLabelValues("stripe")
 
 	for attempt := 1; attempt <= 5; attempt++ {
-		d := newDelivery("evt_poison", func(context.Context) error { return fmt.Errorf("attempt %d: row too big", attempt) })
+		d := newDelivery("evt_poison", func(context.Context) (Effect, error) { return "", fmt.Errorf("attempt %d: row too big", attempt) })
 		if v := f.runTest(ctx, stripe, d); v.outcome != Failed {
 			t.Fatalf("attempt %d = %+v, want failed", attempt, v)
 		}
@@ -526,5 +529,23 @@ func TestRunSuccessMakesNoExtraRedisCall(t *testing.T) {
 	f.runTest(ctx, stripe, newDelivery("evt_fail", (&counter{}).apply(errors.New("down"))))
 	if n := rdb.Exists(ctx, failuresKey(s.Key("stripe", "evt_fail"))).Val(); n != 1 {
 		t.Error("a failed delivery left no failure counter")
+	}
+}
+
+// Process hands back what the store did, so that a caller outside HTTP
+// (stripe replay) needs no side channel; a duplicate did nothing.
+func TestProcessReturnsTheEffect(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	ep := newTestFlow(t, s, 5*time.Second).Endpoint(stripe)
+	for i, effect := range []Effect{Applied, Unchanged, Stale, Unordered} {
+		ev := Event{ID: fmt.Sprintf("evt_effect_%d", i), Type: "test.event",
+			Apply: func(context.Context) (Effect, error) { return effect, nil }}
+		for _, want := range []Result{{Outcome: Processed, Effect: effect}, {Outcome: Duplicate}} {
+			got, err := ep.Process(t.Context(), nil, ev)
+			if err != nil || got != want {
+				t.Errorf("%s: Process = %+v, %v; want %+v", ev.ID, got, err, want)
+			}
+		}
 	}
 }

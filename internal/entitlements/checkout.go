@@ -26,7 +26,10 @@ type CheckoutSession struct {
 // complete, unpaid session paid). A same-second event is admitted only
 // when it moves the session forward: open to complete or expired, or
 // unpaid to paid. Ids an event leaves null keep what an earlier one said.
+// The last SELECT reads the row as it was before the statement, which
+// tells a replay of the stored event from a new one.
 const checkoutSQL = `
+WITH up AS (
 INSERT INTO checkout_sessions AS c (stripe_checkout_session_id,
     client_reference_id, stripe_customer_id, stripe_subscription_id, mode,
     status, payment_status, customer_email, metadata, last_event_id,
@@ -48,7 +51,11 @@ WHERE c.last_event_id = EXCLUDED.last_event_id
    OR c.last_event_created < EXCLUDED.last_event_created
    OR (c.last_event_created = EXCLUDED.last_event_created
        AND ((c.status = 'open' AND EXCLUDED.status <> 'open')
-            OR (c.payment_status = 'unpaid' AND EXCLUDED.payment_status IN ('paid', 'no_payment_required'))))`
+            OR (c.payment_status = 'unpaid' AND EXCLUDED.payment_status IN ('paid', 'no_payment_required'))))
+RETURNING 1
+)
+SELECT EXISTS (SELECT FROM up), s.last_event_id
+FROM (SELECT) AS one LEFT JOIN checkout_sessions s ON s.stripe_checkout_session_id = $1`
 
 // ApplyCheckout upserts the session as reported by the event eventID
 // created at created.
@@ -57,15 +64,19 @@ func (s *Store) ApplyCheckout(ctx context.Context, cs CheckoutSession, eventID s
 	if err != nil {
 		return Result{}, err
 	}
-	tag, err := s.pool.Exec(ctx, checkoutSQL, cs.ID, nullString(cs.ClientReferenceID),
+	var w written
+	err = s.pool.QueryRow(ctx, checkoutSQL, cs.ID, nullString(cs.ClientReferenceID),
 		nullString(cs.CustomerID), nullString(cs.SubscriptionID), cs.Mode, cs.Status,
-		nullString(cs.PaymentStatus), nullString(cs.CustomerEmail), metadata, eventID, created)
+		nullString(cs.PaymentStatus), nullString(cs.CustomerEmail), metadata, eventID, created).
+		Scan(&w.applied, &w.storedID)
 	if err != nil {
 		return Result{}, fmt.Errorf("write checkout session %s from %s: %w", cs.ID, eventID, err)
 	}
-	if tag.RowsAffected() == 0 {
-		s.stale.Inc()
-		return Result{Stale: true}, nil
+	// The statement settles same-second events itself: what it did not
+	// write is stale.
+	if res, ok := s.fast(w, eventID, created); ok {
+		return res, nil
 	}
-	return Result{Applied: true}, nil
+	s.stale.Inc()
+	return Result{Verdict: Stale, StoredEventID: deref(w.storedID)}, nil
 }

@@ -64,7 +64,7 @@ func NewStore(pool *pgxpool.Pool, reg prometheus.Registerer) *Store {
 // same-second rule like any other event.
 func revalidatedID(eventID string) string { return "api:" + eventID }
 
-// ApplySQL is the statement Apply runs on its fast path, for tools/bench to
+// ApplySQL is the statement ApplySubscription runs on its fast path, for tools/bench to
 // run under pgbench as the database's ceiling: the compiler sees the
 // dependency.
 const ApplySQL = applySQL
@@ -219,26 +219,23 @@ func terminal(status string) bool {
 	return status == "canceled" || status == "incomplete_expired"
 }
 
-// Apply stores sub as reported by ev, unless the guard refuses it. fetch,
-// when not nil, settles an unordered same-second event by reading the
-// subscription from Stripe; nil keeps the stored row and counts it.
+// ApplySubscription stores sub as reported by ev, unless the guard
+// refuses it. fetch, when not nil, settles an unordered same-second event
+// by reading the subscription from Stripe; nil keeps the stored row and
+// counts it.
 //
 // A strictly newer or strictly older event (the common case) is one
 // statement. A same-second event, or one that raced another delivery, is
-// judged again under the row's lock (applyTie).
-func (s *Store) Apply(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
+// judged again under the row's lock (settle).
+func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
 	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "")
 	if err != nil {
 		return Result{}, err
 	}
-	if w.applied {
-		return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	if res, ok := s.fast(w, ev.ID, ev.Created); ok {
+		return res, nil
 	}
-	if w.storedCreated != nil && (w.storedCreated.After(ev.Created) || terminal(deref(w.storedStatus))) {
-		s.stale.Inc()
-		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
-	}
-	return s.applyTie(ctx, sub, ev, fetch)
+	return settle(ctx, s, s.subscriptionTie(sub, ev, fetch))
 }
 
 // readSQL reads a stored subscription and locks its row: a same-second
@@ -270,77 +267,78 @@ type storedItem struct {
 	End       *int64  `json:"end"`
 }
 
-// stored is a row as read back, with the event that wrote it.
-type stored struct {
-	sub     Subscription
-	eventID string
-	created time.Time
-}
-
-func read(ctx context.Context, tx pgx.Tx, id string) (stored, bool, error) {
+// read reads a stored subscription under its row lock.
+func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, error) {
 	var (
-		st                                                     stored
+		st                                                     row[Subscription]
 		periodEnd, cancelAt, canceledAt, endedAt, tStart, tEnd *time.Time
 		items                                                  []storedItem
 	)
-	st.sub.ID = id
-	err := tx.QueryRow(ctx, readSQL, id).Scan(&st.sub.CustomerID, &st.sub.Status,
-		&st.sub.PriceID, &periodEnd, &st.sub.CancelAtPeriodEnd, &cancelAt,
-		&canceledAt, &endedAt, &tStart, &tEnd, &st.sub.PauseCollection,
-		&st.sub.Livemode, &st.sub.Metadata, &st.eventID, &st.created, &items)
+	sub := &st.state
+	sub.ID = id
+	err := tx.QueryRow(ctx, readSQL, id).Scan(&sub.CustomerID, &sub.Status,
+		&sub.PriceID, &periodEnd, &sub.CancelAtPeriodEnd, &cancelAt,
+		&canceledAt, &endedAt, &tStart, &tEnd, &sub.PauseCollection,
+		&sub.Livemode, &sub.Metadata, &st.eventID, &st.storedAt, &items)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return stored{}, false, nil
+		return row[Subscription]{}, false, nil
 	}
 	if err != nil {
-		return stored{}, false, fmt.Errorf("read subscription %s: %w", id, err)
+		return row[Subscription]{}, false, fmt.Errorf("read subscription %s: %w", id, err)
 	}
-	st.sub.CurrentPeriodEnd, st.sub.CancelAt, st.sub.CanceledAt = value(periodEnd), value(cancelAt), value(canceledAt)
-	st.sub.EndedAt, st.sub.TrialStart, st.sub.TrialEnd = value(endedAt), value(tStart), value(tEnd)
-	if st.sub.Metadata == nil {
-		st.sub.Metadata = map[string]string{}
+	st.terminal = terminal(sub.Status)
+	sub.CurrentPeriodEnd, sub.CancelAt, sub.CanceledAt = value(periodEnd), value(cancelAt), value(canceledAt)
+	sub.EndedAt, sub.TrialStart, sub.TrialEnd = value(endedAt), value(tStart), value(tEnd)
+	if sub.Metadata == nil {
+		sub.Metadata = map[string]string{}
 	}
-	st.sub.Items = make([]Item, len(items))
+	sub.Items = make([]Item, len(items))
 	for i, it := range items {
-		st.sub.Items[i] = Item{ID: it.ID, PriceID: it.Price, ProductID: deref(it.Product),
+		sub.Items[i] = Item{ID: it.ID, PriceID: it.Price, ProductID: deref(it.Product),
 			PriceLookupKey: deref(it.LookupKey), Quantity: it.Quantity,
 			CurrentPeriodStart: unix(it.Start), CurrentPeriodEnd: unix(it.End)}
 	}
 	return st, true, nil
 }
 
-// applyTie settles an event the one statement could not: a same-second
-// one, or one that raced another delivery of the same subscription.
-func (s *Store) applyTie(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
-	return s.settle(ctx, ev.ID, func(ctx context.Context, tx pgx.Tx) (tie, error) {
-		if _, err := tx.Exec(ctx, lockSQL, sub.ID); err != nil {
-			return tie{}, fmt.Errorf("lock subscription %s: %w", sub.ID, err)
+// subscriptionTie is a subscription event for settle.
+func (s *Store) subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] {
+	t := tie[Subscription]{
+		eventID:  ev.ID,
+		at:       ev.Created,
+		creation: ev.Creation,
+		read: func(ctx context.Context, tx pgx.Tx) (row[Subscription], bool, error) {
+			if _, err := tx.Exec(ctx, lockSQL, sub.ID); err != nil {
+				return row[Subscription]{}, false, fmt.Errorf("lock subscription %s: %w", sub.ID, err)
+			}
+			return read(ctx, tx, sub.ID)
+		},
+		after: func(stored Subscription) []Field { return diff(stored, sub) },
+		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
+			_, err := write(ctx, tx, sub, ev.ID, ev.Created, storedID)
+			return err
+		},
+	}
+	if ev.Before != nil {
+		t.before = func(stored Subscription) ([]Field, error) {
+			b, err := ev.Before()
+			if err != nil {
+				return nil, err
+			}
+			return diff(stored, b), nil
 		}
-		st, found, err := read(ctx, tx, sub.ID)
-		if err != nil {
-			return tie{}, err
-		}
-		t := tie{verdict: admit, result: Result{StoredEventID: st.eventID}}
-		t.admit = func(ctx context.Context, tx pgx.Tx) error {
-			_, err := write(ctx, tx, sub, ev.ID, ev.Created, st.eventID)
+	}
+	if fetch != nil {
+		t.revalidate = func(ctx context.Context, tx pgx.Tx, storedID string) error {
+			fetched, err := fetch(ctx, sub.ID)
+			if err != nil {
+				return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
+			}
+			_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID)
 			return err
 		}
-		if fetch != nil {
-			t.revalidate = func(ctx context.Context, tx pgx.Tx) error {
-				fetched, err := fetch(ctx, sub.ID)
-				if err != nil {
-					return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
-				}
-				_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, st.eventID)
-				return err
-			}
-		}
-		// Not found: deleted in between (nothing here deletes rows), so
-		// the event is written as new.
-		if found {
-			t.verdict, t.result.Differs = judge(st, sub, ev)
-		}
-		return t, nil
-	})
+	}
+	return t
 }
 
 // snapshotID is the last_event_id of a row written by a snapshot: no
@@ -349,13 +347,13 @@ func snapshotID(takenAt time.Time) string {
 	return "snapshot:" + takenAt.UTC().Format(time.RFC3339)
 }
 
-// ApplySnapshot stores sub as read from Stripe's API by a listing that
+// SnapshotSubscription stores sub as read from Stripe's API by a listing that
 // began at takenAt (stripe sync). The tie rule: the snapshot stands for
 // takenAt's whole second, truncated; a stored event from that second or
 // later is kept, since it may postdate the read, while anything older is
 // in the snapshot. The row then records the snapshot as its event, so a
 // webhook from the same second meets the same-second rule against it.
-func (s *Store) ApplySnapshot(ctx context.Context, sub Subscription, takenAt time.Time) (Result, error) {
+func (s *Store) SnapshotSubscription(ctx context.Context, sub Subscription, takenAt time.Time) (Result, error) {
 	at := takenAt.UTC().Truncate(time.Second)
 	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "")
 	if err != nil {
@@ -369,9 +367,9 @@ func (s *Store) ApplySnapshot(ctx context.Context, sub Subscription, takenAt tim
 func (s *Store) snapshotResult(w written) Result {
 	if !w.applied {
 		s.stale.Inc()
-		return Result{Stale: true, StoredEventID: deref(w.storedID)}
+		return Result{Verdict: Stale, StoredEventID: deref(w.storedID)}
 	}
-	return Result{Applied: true, StoredEventID: deref(w.storedID)}
+	return Result{Verdict: Applied, StoredEventID: deref(w.storedID)}
 }
 
 // metadataJSON is the stored form of metadata: an object, never null.

@@ -38,8 +38,8 @@ func BenchmarkApplyNew(b *testing.B) {
 	for b.Loop() {
 		i++
 		id := strconv.Itoa(i)
-		res, err := s.Apply(ctx, benchSubscription("sub_new_"+id), Event{ID: "evt_new_" + id, Created: t0}, nil)
-		if err != nil || !res.Applied {
+		res, err := s.ApplySubscription(ctx, benchSubscription("sub_new_"+id), Event{ID: "evt_new_" + id, Created: t0}, nil)
+		if err != nil || res.Verdict != Applied {
 			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}
@@ -54,8 +54,8 @@ func BenchmarkApplyNewer(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		res, err := s.Apply(ctx, benchSubscription("sub_newer"), Event{ID: "evt_newer_" + strconv.Itoa(i), Created: t0.Add(time.Duration(i) * time.Second)}, nil)
-		if err != nil || !res.Applied {
+		res, err := s.ApplySubscription(ctx, benchSubscription("sub_newer"), Event{ID: "evt_newer_" + strconv.Itoa(i), Created: t0.Add(time.Duration(i) * time.Second)}, nil)
+		if err != nil || res.Verdict != Applied {
 			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}
@@ -66,13 +66,13 @@ func BenchmarkApplyNewer(b *testing.B) {
 func BenchmarkApplyStale(b *testing.B) {
 	s := NewStore(dbtest.NewPool(b), prometheus.NewRegistry())
 	ctx := b.Context()
-	if _, err := s.Apply(ctx, benchSubscription("sub_stale"), Event{ID: "evt_latest", Created: t0.Add(time.Hour)}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, benchSubscription("sub_stale"), Event{ID: "evt_latest", Created: t0.Add(time.Hour)}, nil); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		res, err := s.Apply(ctx, benchSubscription("sub_stale"), Event{ID: "evt_old", Created: t0}, nil)
-		if err != nil || !res.Stale {
+		res, err := s.ApplySubscription(ctx, benchSubscription("sub_stale"), Event{ID: "evt_old", Created: t0}, nil)
+		if err != nil || res.Verdict != Stale {
 			b.Fatalf("apply = %+v, %v", res, err)
 		}
 	}

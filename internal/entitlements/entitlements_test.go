@@ -52,7 +52,7 @@ func base(id string) Subscription {
 
 // read returns what is stored for a subscription, through the same reader
 // the same-second rule uses.
-func readStored(t *testing.T, pool *pgxpool.Pool, id string) stored {
+func readStored(t *testing.T, pool *pgxpool.Pool, id string) row[Subscription] {
 	t.Helper()
 	tx, err := pool.Begin(t.Context())
 	if err != nil {
@@ -72,16 +72,16 @@ func TestApplyStoresEveryField(t *testing.T) {
 	s := NewStore(pool, prometheus.NewRegistry())
 	sub := base("sub_fields")
 	sub.CancelAtPeriodEnd, sub.PauseCollection, sub.Livemode = true, "keep_as_draft", true
-	res, err := s.Apply(t.Context(), sub, Event{ID: "evt_fields", Created: t0}, nil)
-	if err != nil || !res.Applied {
+	res, err := s.ApplySubscription(t.Context(), sub, Event{ID: "evt_fields", Created: t0}, nil)
+	if err != nil || res.Verdict != Applied {
 		t.Fatalf("apply = %+v, %v", res, err)
 	}
 	st := readStored(t, pool, "sub_fields")
-	if diff := cmp.Diff(sub, st.sub); diff != "" {
+	if diff := cmp.Diff(sub, st.state); diff != "" {
 		t.Errorf("stored (-want +got):\n%s", diff)
 	}
-	if st.eventID != "evt_fields" || !st.created.Equal(t0) {
-		t.Errorf("event = %s at %s, want evt_fields at %s", st.eventID, st.created, t0)
+	if st.eventID != "evt_fields" || !st.storedAt.Equal(t0) {
+		t.Errorf("event = %s at %s, want evt_fields at %s", st.eventID, st.storedAt, t0)
 	}
 	var accessEnds, periodEnd time.Time
 	if err := pool.QueryRow(t.Context(), `SELECT access_ends_at, current_period_end FROM entitlements`).Scan(&accessEnds, &periodEnd); err != nil {
@@ -94,7 +94,7 @@ func TestApplyStoresEveryField(t *testing.T) {
 
 	// Nothing optional: nulls, an empty item set, '{}' metadata.
 	bare := Subscription{ID: "sub_bare", CustomerID: "cus_bare", Status: "incomplete"}
-	if _, err := s.Apply(t.Context(), bare, Event{ID: "evt_bare", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(t.Context(), bare, Event{ID: "evt_bare", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var nulls bool
@@ -136,7 +136,7 @@ func TestItemsReplacedOnlyWhenAdmitted(t *testing.T) {
 	s := NewStore(pool, prometheus.NewRegistry())
 	ctx := t.Context()
 	first := base("sub_items")
-	if _, err := s.Apply(ctx, first, Event{ID: "evt_1", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, first, Event{ID: "evt_1", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Newer: the yearly add-on is removed, a seat item added, the base
@@ -147,17 +147,17 @@ func TestItemsReplacedOnlyWhenAdmitted(t *testing.T) {
 		{ID: "si_m", PriceID: "price_monthly", ProductID: "prod_base", Quantity: qty(3), CurrentPeriodStart: t0, CurrentPeriodEnd: t0.Add(30 * 24 * time.Hour)},
 	}
 	second.PriceID = "price_seats"
-	if res, err := s.Apply(ctx, second, Event{ID: "evt_2", Created: t0.Add(time.Second)}, nil); err != nil || !res.Applied {
+	if res, err := s.ApplySubscription(ctx, second, Event{ID: "evt_2", Created: t0.Add(time.Second)}, nil); err != nil || res.Verdict != Applied {
 		t.Fatalf("newer = %+v, %v", res, err)
 	}
-	if diff := cmp.Diff(second.Items, readStored(t, pool, "sub_items").sub.Items); diff != "" {
+	if diff := cmp.Diff(second.Items, readStored(t, pool, "sub_items").state.Items); diff != "" {
 		t.Errorf("items after the newer event (-want +got):\n%s", diff)
 	}
 	// Older: refused, items untouched.
-	if res, err := s.Apply(ctx, first, Event{ID: "evt_0", Created: t0.Add(-time.Second)}, nil); err != nil || !res.Stale {
+	if res, err := s.ApplySubscription(ctx, first, Event{ID: "evt_0", Created: t0.Add(-time.Second)}, nil); err != nil || res.Verdict != Stale {
 		t.Fatalf("older = %+v, %v", res, err)
 	}
-	if diff := cmp.Diff(second.Items, readStored(t, pool, "sub_items").sub.Items); diff != "" {
+	if diff := cmp.Diff(second.Items, readStored(t, pool, "sub_items").state.Items); diff != "" {
 		t.Errorf("items after a stale event (-want +got):\n%s", diff)
 	}
 }
@@ -182,7 +182,7 @@ func TestGuard(t *testing.T) {
 		{"older after newer changes nothing", []step{{"evt_2", "active", 10 * time.Second, false, "applied"}, {"evt_1", "incomplete", 0, true, "stale"}}, "evt_2"},
 		{"canceled absorbs a newer event", []step{{"evt_9", "canceled", 0, false, "applied"}, {"evt_10", "active", time.Hour, false, "stale"}}, "evt_9"},
 		{"incomplete_expired absorbs", []step{{"evt_5", "incomplete_expired", 0, false, "applied"}, {"evt_6", "active", time.Minute, false, "stale"}}, "evt_5"},
-		{"the same event again rewrites harmlessly", []step{{"evt_7", "canceled", 0, false, "applied"}, {"evt_7", "canceled", 0, false, "applied"}}, "evt_7"},
+		{"the same event again rewrites harmlessly", []step{{"evt_7", "canceled", 0, false, "applied"}, {"evt_7", "canceled", 0, false, "unchanged"}}, "evt_7"},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,7 +191,7 @@ func TestGuard(t *testing.T) {
 			for j, st := range tt.steps {
 				sub := base(id)
 				sub.Status = st.status
-				res, err := s.Apply(t.Context(), sub, Event{ID: st.id, Created: t0.Add(st.at), Creation: st.creation}, nil)
+				res, err := s.ApplySubscription(t.Context(), sub, Event{ID: st.id, Created: t0.Add(st.at), Creation: st.creation}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -207,17 +207,10 @@ func TestGuard(t *testing.T) {
 }
 
 func outcome(r Result) string {
-	switch {
-	case r.Revalidated:
-		return "revalidated"
-	case r.Applied:
-		return "applied"
-	case r.Stale:
-		return "stale"
-	case r.Unordered:
-		return "unordered"
+	if r.Verdict == 0 {
+		return "nothing"
 	}
-	return "nothing"
+	return r.Verdict.String()
 }
 
 // fieldChanges changes one stored field each, named as its column: the
@@ -296,7 +289,7 @@ func TestSameSecondSuccession(t *testing.T) {
 				{"unreadable previous_attributes", []step{{a, evA, "applied"}, {b, Event{ID: "evt_b", Created: t0, Before: func() (Subscription, error) {
 					return Subscription{}, errors.New("previous_attributes: not an object")
 				}}, "unordered"}}, a, "evt_a"},
-				{"same state is not a change", []step{{a, evA, "applied"}, {a, Event{ID: "evt_b", Created: t0}, "applied"}}, a, "evt_a"},
+				{"same state is not a change", []step{{a, evA, "applied"}, {a, Event{ID: "evt_b", Created: t0}, "unchanged"}}, a, "evt_a"},
 			}
 			for j, c := range cases {
 				s := NewStore(pool, prometheus.NewRegistry())
@@ -304,14 +297,14 @@ func TestSameSecondSuccession(t *testing.T) {
 				unordered := 0
 				for k, st := range c.steps {
 					st.sub.ID = id
-					res, err := s.Apply(t.Context(), st.sub, st.ev, nil)
+					res, err := s.ApplySubscription(t.Context(), st.sub, st.ev, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if got := outcome(res); got != st.want {
 						t.Errorf("%s: step %d (%s): %s, want %s (differs %v)", c.name, k, st.ev.ID, got, st.want, res.Differs)
 					}
-					if res.Unordered {
+					if res.Verdict == Unordered {
 						unordered++
 						if res.StoredEventID == "" || len(res.Differs) == 0 {
 							t.Errorf("%s: unordered result lacks the stored event or the fields: %+v", c.name, res)
@@ -321,7 +314,7 @@ func TestSameSecondSuccession(t *testing.T) {
 				got := readStored(t, pool, id)
 				want := c.want
 				want.ID = id
-				if d := cmp.Diff(want, got.sub); d != "" || got.eventID != c.wantEvent {
+				if d := cmp.Diff(want, got.state); d != "" || got.eventID != c.wantEvent {
 					t.Errorf("%s: stored %s (want %s) (-want +got):\n%s", c.name, got.eventID, c.wantEvent, d)
 				}
 				if n := testutil.ToFloat64(s.unordered); n != float64(unordered) {
@@ -340,28 +333,28 @@ func TestRevalidationStoresFetchedState(t *testing.T) {
 	s := NewStore(pool, prometheus.NewRegistry())
 	ctx := t.Context()
 	a := base("sub_reval")
-	if _, err := s.Apply(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	fetched := change(a, func(s *Subscription) { s.Status = "past_due"; s.CancelAtPeriodEnd = true })
 	b := change(a, func(s *Subscription) { s.CancelAtPeriodEnd = true })
-	res, err := s.Apply(ctx, b, Event{ID: "evt_b", Created: t0}, func(_ context.Context, id string) (Subscription, error) {
+	res, err := s.ApplySubscription(ctx, b, Event{ID: "evt_b", Created: t0}, func(_ context.Context, id string) (Subscription, error) {
 		if id != "sub_reval" {
 			return Subscription{}, fmt.Errorf("fetched %s", id)
 		}
 		return fetched, nil
 	})
-	if err != nil || !res.Revalidated || res.StoredEventID != "evt_a" {
+	if err != nil || res.Verdict != Revalidated || res.StoredEventID != "evt_a" {
 		t.Fatalf("apply = %+v, %v; want revalidated over evt_a", res, err)
 	}
 	got := readStored(t, pool, "sub_reval")
-	if d := cmp.Diff(fetched, got.sub); d != "" || got.eventID != "api:evt_b" {
+	if d := cmp.Diff(fetched, got.state); d != "" || got.eventID != "api:evt_b" {
 		t.Errorf("stored %s (-want +got):\n%s", got.eventID, d)
 	}
 
 	// The API failing fails the event, and nothing is written.
 	c := change(a, func(s *Subscription) { s.TrialEnd = t0 })
-	_, err = s.Apply(ctx, c, Event{ID: "evt_c", Created: t0}, func(context.Context, string) (Subscription, error) {
+	_, err = s.ApplySubscription(ctx, c, Event{ID: "evt_c", Created: t0}, func(context.Context, string) (Subscription, error) {
 		return Subscription{}, errors.New("stripe: 500")
 	})
 	if err == nil {
@@ -381,7 +374,7 @@ func TestConcurrentRevalidationsSerialise(t *testing.T) {
 	s := NewStore(pool, prometheus.NewRegistry())
 	ctx := t.Context()
 	a := base("sub_conc")
-	if _, err := s.Apply(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var inFlight, maxInFlight, reads atomic.Int32
@@ -400,7 +393,7 @@ func TestConcurrentRevalidationsSerialise(t *testing.T) {
 	for i := range 2 {
 		wg.Go(func() {
 			ev := change(a, func(s *Subscription) { s.Status = fmt.Sprintf("status_%d", i) })
-			res, err := s.Apply(ctx, ev, Event{ID: fmt.Sprintf("evt_%d", i), Created: t0}, fetch)
+			res, err := s.ApplySubscription(ctx, ev, Event{ID: fmt.Sprintf("evt_%d", i), Created: t0}, fetch)
 			if err != nil {
 				t.Error(err)
 			}
@@ -412,11 +405,11 @@ func TestConcurrentRevalidationsSerialise(t *testing.T) {
 		t.Errorf("%d revalidations read from Stripe at once, want 1", maxInFlight.Load())
 	}
 	got := readStored(t, pool, "sub_conc")
-	if got.sub.Metadata["read"] != fmt.Sprint(reads.Load()) {
-		t.Errorf("stored read %q, want the last read %d", got.sub.Metadata["read"], reads.Load())
+	if got.state.Metadata["read"] != fmt.Sprint(reads.Load()) {
+		t.Errorf("stored read %q, want the last read %d", got.state.Metadata["read"], reads.Load())
 	}
 	for i, r := range results {
-		if !r.Revalidated {
+		if r.Verdict != Revalidated {
 			t.Errorf("event %d: %+v, want revalidated", i, r)
 		}
 	}
@@ -424,7 +417,7 @@ func TestConcurrentRevalidationsSerialise(t *testing.T) {
 
 // A snapshot replaces only what is older than the second its listing
 // began; the next event of that second meets the same-second rule.
-func TestApplySnapshot(t *testing.T) {
+func TestSnapshotSubscription(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	s := NewStore(pool, prometheus.NewRegistry())
@@ -432,31 +425,31 @@ func TestApplySnapshot(t *testing.T) {
 	taken := t0.Add(500 * time.Millisecond)
 
 	older := base("sub_snap_older")
-	if _, err := s.Apply(ctx, older, Event{ID: "evt_old", Created: t0.Add(-time.Second)}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, older, Event{ID: "evt_old", Created: t0.Add(-time.Second)}, nil); err != nil {
 		t.Fatal(err)
 	}
 	snap := change(older, func(s *Subscription) { s.Status = "past_due" })
-	if res, err := s.ApplySnapshot(ctx, snap, taken); err != nil || !res.Applied {
+	if res, err := s.SnapshotSubscription(ctx, snap, taken); err != nil || res.Verdict != Applied {
 		t.Fatalf("snapshot over an older event = %+v, %v", res, err)
 	}
 	got := readStored(t, pool, "sub_snap_older")
-	if got.sub.Status != "past_due" || got.eventID != "snapshot:2026-11-01T12:00:00Z" || !got.created.Equal(t0) {
-		t.Errorf("after snapshot: %s from %s at %s", got.sub.Status, got.eventID, got.created)
+	if got.state.Status != "past_due" || got.eventID != "snapshot:2026-11-01T12:00:00Z" || !got.storedAt.Equal(t0) {
+		t.Errorf("after snapshot: %s from %s at %s", got.state.Status, got.eventID, got.storedAt)
 	}
 
 	tied := base("sub_snap_tied")
-	if _, err := s.Apply(ctx, tied, Event{ID: "evt_tied", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, tied, Event{ID: "evt_tied", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := s.ApplySnapshot(ctx, change(tied, func(s *Subscription) { s.Status = "past_due" }), taken); err != nil || !res.Stale {
+	if res, err := s.SnapshotSubscription(ctx, change(tied, func(s *Subscription) { s.Status = "past_due" }), taken); err != nil || res.Verdict != Stale {
 		t.Fatalf("snapshot over an event of its second = %+v, %v; want stale", res, err)
 	}
-	if got := readStored(t, pool, "sub_snap_tied"); got.eventID != "evt_tied" || got.sub.Status != "active" {
-		t.Errorf("the tied event was replaced: %s %s", got.eventID, got.sub.Status)
+	if got := readStored(t, pool, "sub_snap_tied"); got.eventID != "evt_tied" || got.state.Status != "active" {
+		t.Errorf("the tied event was replaced: %s %s", got.eventID, got.state.Status)
 	}
 
 	// A new subscription the webhooks never saw is inserted.
-	if res, err := s.ApplySnapshot(ctx, base("sub_snap_new"), taken); err != nil || !res.Applied {
+	if res, err := s.SnapshotSubscription(ctx, base("sub_snap_new"), taken); err != nil || res.Verdict != Applied {
 		t.Fatalf("snapshot of a new subscription = %+v, %v", res, err)
 	}
 }
@@ -470,22 +463,22 @@ func TestRedeliveryAfterRevalidation(t *testing.T) {
 	s := NewStore(pool, prometheus.NewRegistry())
 	ctx := t.Context()
 	a := base("sub_redeliver")
-	if _, err := s.Apply(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
+	if _, err := s.ApplySubscription(ctx, a, Event{ID: "evt_a", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	canceled := change(a, func(s *Subscription) { s.Status = "canceled" })
 	b := change(a, func(s *Subscription) { s.CancelAtPeriodEnd = true })
 	fetch := func(context.Context, string) (Subscription, error) { return canceled, nil }
-	if res, err := s.Apply(ctx, b, Event{ID: "evt_b", Created: t0}, fetch); err != nil || !res.Revalidated {
+	if res, err := s.ApplySubscription(ctx, b, Event{ID: "evt_b", Created: t0}, fetch); err != nil || res.Verdict != Revalidated {
 		t.Fatalf("first delivery = %+v, %v; want revalidated", res, err)
 	}
 	for _, fetch := range []Fetch{nil, fetch} {
-		res, err := s.Apply(ctx, b, Event{ID: "evt_b", Created: t0}, fetch)
-		if err != nil || res.Applied || res.Revalidated {
-			t.Errorf("redelivery (fetch %v) = %+v, %v; want neither applied nor revalidated", fetch != nil, res, err)
+		res, err := s.ApplySubscription(ctx, b, Event{ID: "evt_b", Created: t0}, fetch)
+		if err != nil || res.Verdict == Applied || res.Verdict == Unchanged || res.Verdict == Revalidated {
+			t.Errorf("redelivery (fetch %v) = %+v, %v; want neither applied, unchanged nor revalidated", fetch != nil, res, err)
 		}
 		got := readStored(t, pool, "sub_redeliver")
-		if d := cmp.Diff(canceled, got.sub); d != "" {
+		if d := cmp.Diff(canceled, got.state); d != "" {
 			t.Errorf("after a redelivery (fetch %v) stored %s (-want +got):\n%s", fetch != nil, got.eventID, d)
 		}
 	}
@@ -503,7 +496,7 @@ func TestApplyConcurrentNewestWins(t *testing.T) {
 		wg.Go(func() {
 			sub := base("sub_c")
 			sub.Items = []Item{{ID: fmt.Sprintf("si_%02d", i), PriceID: "price_x"}}
-			if _, err := s.Apply(t.Context(), sub, Event{ID: fmt.Sprintf("evt_%02d", i), Created: t0.Add(time.Duration(i) * time.Second)}, nil); err != nil {
+			if _, err := s.ApplySubscription(t.Context(), sub, Event{ID: fmt.Sprintf("evt_%02d", i), Created: t0.Add(time.Duration(i) * time.Second)}, nil); err != nil {
 				t.Error(err)
 			}
 		})
@@ -511,7 +504,7 @@ func TestApplyConcurrentNewestWins(t *testing.T) {
 	wg.Wait()
 	got := readStored(t, pool, "sub_c")
 	want := []Item{{ID: fmt.Sprintf("si_%02d", n-1), PriceID: "price_x"}}
-	if got.eventID != fmt.Sprintf("evt_%02d", n-1) || !cmp.Equal(want, got.sub.Items, cmpopts.EquateEmpty()) {
-		t.Errorf("after %d concurrent events: %s with items %+v", n, got.eventID, got.sub.Items)
+	if got.eventID != fmt.Sprintf("evt_%02d", n-1) || !cmp.Equal(want, got.state.Items, cmpopts.EquateEmpty()) {
+		t.Errorf("after %d concurrent events: %s with items %+v", n, got.eventID, got.state.Items)
 	}
 }

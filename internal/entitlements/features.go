@@ -46,18 +46,21 @@ WITH up AS (
 SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created
 FROM (SELECT) AS one LEFT JOIN customer_features s ON s.stripe_customer_id = $1`
 
-type features struct {
-	customerID string
-	keys       []string
-	complete   bool
+// Features are a customer's active entitlements, by lookup key.
+type Features struct {
+	CustomerID string
+	LookupKeys []string
+	// Complete is false when the list was cut short and could not be
+	// fetched in full.
+	Complete bool
 }
 
-func writeFeatures(ctx context.Context, q querier, f features, eventID string, at time.Time, successorOf string) (written, error) {
+func writeFeatures(ctx context.Context, q querier, f Features, eventID string, at time.Time, successorOf string) (written, error) {
 	var w written
-	err := q.QueryRow(ctx, featuresSQL, f.customerID, sortedKeys(f.keys), f.complete, eventID, at, nullString(successorOf)).
+	err := q.QueryRow(ctx, featuresSQL, f.CustomerID, sortedKeys(f.LookupKeys), f.Complete, eventID, at, nullString(successorOf)).
 		Scan(&w.applied, &w.storedID, &w.storedCreated)
 	if err != nil {
-		return written{}, fmt.Errorf("write features of %s from %s: %w", f.customerID, eventID, err)
+		return written{}, fmt.Errorf("write features of %s from %s: %w", f.CustomerID, eventID, err)
 	}
 	return w, nil
 }
@@ -70,26 +73,19 @@ func sortedKeys(keys []string) []string {
 	return slices.Compact(out)
 }
 
-// ApplyFeatureEvent replaces the customer's features with lookupKeys as
-// reported by ev, guarded by event time per customer. complete is false
-// when the event's list was truncated and could not be fetched in full.
-// list, when not nil, settles an unordered same-second event by listing
-// the customer's active entitlements; nil keeps the stored row and counts
-// it.
-func (s *Store) ApplyFeatureEvent(ctx context.Context, customerID string, lookupKeys []string, complete bool, ev FeatureEvent, list ListFeatures) (Result, error) {
-	f := features{customerID, lookupKeys, complete}
+// ApplyFeatures replaces the customer's features with f as reported by
+// ev, guarded by event time per customer. list, when not nil, settles an
+// unordered same-second event by listing the customer's active
+// entitlements; nil keeps the stored row and counts it.
+func (s *Store) ApplyFeatures(ctx context.Context, f Features, ev FeatureEvent, list ListFeatures) (Result, error) {
 	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "")
 	if err != nil {
 		return Result{}, err
 	}
-	if w.applied {
-		return Result{Applied: true, StoredEventID: deref(w.storedID)}, nil
+	if res, ok := s.fast(w, ev.ID, ev.Created); ok {
+		return res, nil
 	}
-	if w.storedCreated != nil && w.storedCreated.After(ev.Created) {
-		s.stale.Inc()
-		return Result{Stale: true, StoredEventID: deref(w.storedID)}, nil
-	}
-	return s.featuresTie(ctx, f, ev, list)
+	return settle(ctx, s, featuresTie(f, ev, list))
 }
 
 const readFeaturesSQL = `
@@ -97,65 +93,68 @@ SELECT lookup_keys, complete, last_event_id, last_event_created
 FROM customer_features WHERE stripe_customer_id = $1
 FOR UPDATE`
 
-// featuresTie is applyTie for a customer's features.
-func (s *Store) featuresTie(ctx context.Context, f features, ev FeatureEvent, list ListFeatures) (Result, error) {
-	return s.settle(ctx, ev.ID, func(ctx context.Context, tx pgx.Tx) (tie, error) {
-		var st features
-		var storedID string
-		var storedAt time.Time
-		err := tx.QueryRow(ctx, readFeaturesSQL, f.customerID).Scan(&st.keys, &st.complete, &storedID, &storedAt)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return tie{}, fmt.Errorf("read features of %s: %w", f.customerID, err)
-		}
-		found := err == nil
-		t := tie{verdict: admit, result: Result{StoredEventID: storedID}}
-		t.admit = func(ctx context.Context, tx pgx.Tx) error {
+// featuresTie is a feature event for settle. A customer's features have
+// no terminal state: they can always change again.
+func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
+	t := tie[Features]{
+		eventID: ev.ID,
+		at:      ev.Created,
+		read: func(ctx context.Context, tx pgx.Tx) (row[Features], bool, error) {
+			st := row[Features]{state: Features{CustomerID: f.CustomerID}}
+			err := tx.QueryRow(ctx, readFeaturesSQL, f.CustomerID).
+				Scan(&st.state.LookupKeys, &st.state.Complete, &st.eventID, &st.storedAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return row[Features]{}, false, nil
+			}
+			if err != nil {
+				return row[Features]{}, false, fmt.Errorf("read features of %s: %w", f.CustomerID, err)
+			}
+			return st, true, nil
+		},
+		after: func(stored Features) []Field { return featureDiff(stored, f) },
+		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
 			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID)
 			return err
+		},
+	}
+	if ev.HasPrevious {
+		t.before = func(stored Features) ([]Field, error) {
+			return featureDiff(stored, Features{CustomerID: f.CustomerID, LookupKeys: ev.Previous, Complete: stored.Complete}), nil
 		}
-		if list != nil {
-			t.revalidate = func(ctx context.Context, tx pgx.Tx) error {
-				keys, err := list(ctx, f.customerID)
-				if err != nil {
-					return fmt.Errorf("revalidate features of %s for %s: %w", f.customerID, ev.ID, err)
-				}
-				_, err = writeFeatures(ctx, tx, features{f.customerID, keys, true}, revalidatedID(ev.ID), ev.Created, storedID)
-				return err
+	}
+	if list != nil {
+		t.revalidate = func(ctx context.Context, tx pgx.Tx, storedID string) error {
+			keys, err := list(ctx, f.CustomerID)
+			if err != nil {
+				return fmt.Errorf("revalidate features of %s for %s: %w", f.CustomerID, ev.ID, err)
 			}
+			_, err = writeFeatures(ctx, tx, Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, revalidatedID(ev.ID), ev.Created, storedID)
+			return err
 		}
-		if found {
-			var before func() ([]Field, error)
-			if ev.HasPrevious {
-				before = func() ([]Field, error) {
-					return featureDiff(st, features{f.customerID, ev.Previous, st.complete}), nil
-				}
-			}
-			t.verdict, t.result.Differs = order(storedID == ev.ID, false, storedAt, ev.Created, false,
-				func() []Field { return featureDiff(st, f) }, before)
-		}
-		return t, nil
-	})
+	}
+	return t
 }
 
 // featureDiff names the stored fields on which two feature rows differ.
-func featureDiff(a, b features) []Field {
+func featureDiff(a, b Features) []Field {
 	var out []Field
-	if !slices.Equal(sortedKeys(a.keys), sortedKeys(b.keys)) {
+	if !slices.Equal(sortedKeys(a.LookupKeys), sortedKeys(b.LookupKeys)) {
 		out = append(out, "lookup_keys")
 	}
-	if a.complete != b.complete {
+	if a.Complete != b.Complete {
 		out = append(out, "complete")
 	}
 	return out
 }
 
-// ApplyFeatures stores a snapshot of the customer's active entitlements
-// read from Stripe at at (stripe sync), with ApplySnapshot's tie rule: a
-// stored event from at's second or later is kept. Like a subscription
-// snapshot, the row records the snapshot as its event.
-func (s *Store) ApplyFeatures(ctx context.Context, customerID string, lookupKeys []string, complete bool, at time.Time) (Result, error) {
+// SnapshotFeatures stores a snapshot of the customer's active
+// entitlements read from Stripe at at (stripe sync), with
+// SnapshotSubscription's tie rule: a stored event from at's second or
+// later is kept. Like a subscription snapshot, the row records the
+// snapshot as its event.
+func (s *Store) SnapshotFeatures(ctx context.Context, f Features, at time.Time) (Result, error) {
 	at = at.UTC().Truncate(time.Second)
-	w, err := writeFeatures(ctx, s.pool, features{customerID, lookupKeys, complete}, snapshotID(at), at, "")
+	w, err := writeFeatures(ctx, s.pool, f, snapshotID(at), at, "")
 	if err != nil {
 		return Result{}, err
 	}

@@ -37,29 +37,29 @@ func TestFeatures(t *testing.T) {
 	ctx := t.Context()
 	apply := func(keys []string, ev FeatureEvent, list ListFeatures) Result {
 		t.Helper()
-		res, err := s.ApplyFeatureEvent(ctx, "cus_f", keys, true, ev, list)
+		res, err := s.ApplyFeatures(ctx, Features{CustomerID: "cus_f", LookupKeys: keys, Complete: true}, ev, list)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res
 	}
 	// Stored sorted and distinct.
-	if r := apply([]string{"exports", "api", "exports"}, FeatureEvent{ID: "evt_1", Created: t0}, nil); !r.Applied {
+	if r := apply([]string{"exports", "api", "exports"}, FeatureEvent{ID: "evt_1", Created: t0}, nil); r.Verdict != Applied {
 		t.Fatalf("first = %+v", r)
 	}
 	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api", "exports"}, true, "evt_1"}); !cmp.Equal(got, want) {
 		t.Errorf("stored %+v, want %+v", got, want)
 	}
 	// Older: kept out.
-	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_0", Created: t0.Add(-time.Second)}, nil); !r.Stale {
+	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_0", Created: t0.Add(-time.Second)}, nil); r.Verdict != Stale {
 		t.Errorf("older = %+v, want stale", r)
 	}
 	// Same second, successor: previous_attributes holds the stored list.
-	if r := apply([]string{"api", "exports", "sso"}, FeatureEvent{ID: "evt_2", Created: t0, Previous: []string{"exports", "api"}, HasPrevious: true}, nil); !r.Applied {
+	if r := apply([]string{"api", "exports", "sso"}, FeatureEvent{ID: "evt_2", Created: t0, Previous: []string{"exports", "api"}, HasPrevious: true}, nil); r.Verdict != Applied {
 		t.Errorf("successor = %+v, want applied", r)
 	}
 	// Same second, not a successor, offline: kept and counted.
-	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_3", Created: t0, Previous: []string{"api", "exports"}, HasPrevious: true}, nil); !r.Unordered || r.StoredEventID != "evt_2" {
+	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_3", Created: t0, Previous: []string{"api", "exports"}, HasPrevious: true}, nil); r.Verdict != Unordered || r.StoredEventID != "evt_2" {
 		t.Errorf("unordered = %+v, want unordered over evt_2", r)
 	}
 	if n := testutil.ToFloat64(s.unordered); n != 1 {
@@ -72,24 +72,24 @@ func TestFeatures(t *testing.T) {
 	list := func(_ context.Context, customer string) ([]string, error) {
 		return []string{"sso", "api"}, nil
 	}
-	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_4", Created: t0}, list); !r.Revalidated {
+	if r := apply([]string{"api"}, FeatureEvent{ID: "evt_4", Created: t0}, list); r.Verdict != Revalidated {
 		t.Errorf("with the API = %+v, want revalidated", r)
 	}
 	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api", "sso"}, true, "api:evt_4"}); !cmp.Equal(got, want) {
 		t.Errorf("after revalidation %+v, want %+v", got, want)
 	}
 	// Truncated and not fetched: stored incomplete.
-	if _, err := s.ApplyFeatureEvent(ctx, "cus_t", []string{"a"}, false, FeatureEvent{ID: "evt_t", Created: t0}, nil); err != nil {
+	if _, err := s.ApplyFeatures(ctx, Features{CustomerID: "cus_t", LookupKeys: []string{"a"}}, FeatureEvent{ID: "evt_t", Created: t0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := readFeatures(t, pool, "cus_t"); got.Complete {
 		t.Error("a truncated list was stored complete")
 	}
 	// A snapshot (stripe sync) replaces only what is older than its second.
-	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(300*time.Millisecond)); err != nil || !r.Stale {
+	if r, err := s.SnapshotFeatures(ctx, Features{CustomerID: "cus_f", LookupKeys: []string{"api"}, Complete: true}, t0.Add(300*time.Millisecond)); err != nil || r.Verdict != Stale {
 		t.Errorf("snapshot of the stored event's second = %+v, %v; want stale", r, err)
 	}
-	if r, err := s.ApplyFeatures(ctx, "cus_f", []string{"api"}, true, t0.Add(time.Second)); err != nil || !r.Applied {
+	if r, err := s.SnapshotFeatures(ctx, Features{CustomerID: "cus_f", LookupKeys: []string{"api"}, Complete: true}, t0.Add(time.Second)); err != nil || r.Verdict != Applied {
 		t.Errorf("later snapshot = %+v, %v; want applied", r, err)
 	}
 	if got, want := readFeatures(t, pool, "cus_f"), (featureRow{[]string{"api"}, true, snapshotID(t0.Add(time.Second))}); !cmp.Equal(got, want) {
@@ -137,7 +137,7 @@ func TestCheckout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Applied != st.wantApplied {
+		if (res.Verdict == Applied) != st.wantApplied {
 			t.Errorf("%s: %+v, want applied %v", st.name, res, st.wantApplied)
 		}
 		if got := read("cs_1"); got != st.want {
@@ -151,10 +151,10 @@ func TestCheckout(t *testing.T) {
 	}
 	done := open
 	done.Status, done.PaymentStatus, done.ClientReferenceID = "complete", "paid", "user_7"
-	if res, err := s.ApplyCheckout(ctx, done, "evt_d", t0); err != nil || !res.Applied {
+	if res, err := s.ApplyCheckout(ctx, done, "evt_d", t0); err != nil || res.Verdict != Applied {
 		t.Fatalf("same-second step forward = %+v, %v", res, err)
 	}
-	if res, err := s.ApplyCheckout(ctx, open, "evt_o2", t0); err != nil || !res.Stale {
+	if res, err := s.ApplyCheckout(ctx, open, "evt_o2", t0); err != nil || res.Verdict != Stale {
 		t.Fatalf("same-second step back = %+v, %v; want stale", res, err)
 	}
 	if got, want := read("cs_2"), (checkoutRow{"complete", "paid", "user_7", "evt_d"}); got != want {

@@ -8,139 +8,180 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// verdict is what the guard does with an event, given the stored row.
-type verdict int
-
-const (
-	admit     verdict = iota + 1 // write the event's state
-	same                         // the stored state is already the event's: nothing to write
-	stale                        // the stored state is newer: keep it
-	unordered                    // a same-second event that cannot be ordered: ask Stripe, or keep and count
-)
-
-func (v verdict) String() string {
-	return [...]string{"", "admit", "same", "stale", "unordered"}[v]
+// facts are what the guard weighs: the stored row and the incoming event.
+type facts struct {
+	// sameEvent: the stored row came from this event.
+	sameEvent bool
+	// terminal: the stored status is terminal.
+	terminal bool
+	storedAt time.Time
+	at       time.Time
+	// creation marks an event that never succeeds another
+	// (customer.subscription.created).
+	creation bool
+	// after returns the stored fields that differ from the event's state;
+	// before those that differ from the state before the event. before is
+	// nil, or fails, when the state before the event cannot be known.
+	after  func() []Field
+	before func() ([]Field, error)
 }
 
 // order is the guard's rule, written once for every guarded row. Stripe's
 // created has one-second resolution, so events of one second cannot be
-// ordered by time; for those, an event is admitted when it is the stored
+// ordered by time; for those, an event is applied when it is the stored
 // state's successor: the state before it (its object with
 // previous_attributes laid over it) is exactly the stored state, so every
 // field it names held the previous value and every field it does not name
 // already equals its value.
 //
-//   - the stored row came from this event: same (a replay);
-//   - the stored status is terminal: stale (Stripe never revives it);
-//   - strictly newer: admit; strictly older: stale;
-//   - same second: a creation event never succeeds another (stale); the
-//     event's own state already stored: same; the stored state is the one
-//     before the event: admit; otherwise unordered.
+//   - the stored row came from this event: Unchanged (a replay);
+//   - the stored status is terminal: Stale (Stripe never revives it);
+//   - strictly newer: Applied; strictly older: Stale;
+//   - same second: a creation event never succeeds another (Stale); the
+//     event's own state already stored: Unchanged; the stored state is the
+//     one before the event: Applied; otherwise Unordered.
 //
-// after and before return the stored fields that differ from the event's
-// state and from the state before it; before is nil, or fails, when the
-// state before the event cannot be known.
-func order(sameEvent, terminal bool, storedAt, at time.Time, creation bool,
-	after func() []Field, before func() ([]Field, error)) (verdict, []Field) {
+// order never answers Revalidated: that is what settle makes of Unordered
+// when it can ask Stripe.
+func order(f facts) (Verdict, []Field) {
 	switch {
-	case sameEvent:
-		return same, nil
-	case terminal:
-		return stale, nil
-	case at.After(storedAt):
-		return admit, nil
-	case at.Before(storedAt):
-		return stale, nil
-	case creation:
-		return stale, nil
+	case f.sameEvent:
+		return Unchanged, nil
+	case f.terminal:
+		return Stale, nil
+	case f.at.After(f.storedAt):
+		return Applied, nil
+	case f.at.Before(f.storedAt):
+		return Stale, nil
+	case f.creation:
+		return Stale, nil
 	}
-	if len(after()) == 0 {
-		return same, nil
+	if len(f.after()) == 0 {
+		return Unchanged, nil
 	}
-	if before == nil {
-		return unordered, after()
+	if f.before == nil {
+		return Unordered, f.after()
 	}
-	differs, err := before()
+	differs, err := f.before()
 	if err != nil {
 		// previous_attributes that cannot be read prove nothing; failing
 		// the delivery instead would fail every retry of it.
-		return unordered, after()
+		return Unordered, f.after()
 	}
 	if len(differs) == 0 {
-		return admit, nil
+		return Applied, nil
 	}
-	return unordered, differs
+	return Unordered, differs
 }
 
-// judge applies order to a subscription event.
-func judge(st stored, sub Subscription, ev Event) (verdict, []Field) {
-	var before func() ([]Field, error)
-	if ev.Before != nil {
-		before = func() ([]Field, error) {
-			b, err := ev.Before()
-			if err != nil {
-				return nil, err
-			}
-			return diff(st.sub, b), nil
-		}
+// fast reads the fast path's one statement: settled (applied, the same
+// event again, or stale), or not, when the event ties with the stored one
+// or raced another delivery and must be settled under the row's lock.
+func (s *Store) fast(w written, eventID string, at time.Time) (Result, bool) {
+	res := Result{StoredEventID: deref(w.storedID)}
+	switch {
+	case w.applied && res.StoredEventID == eventID:
+		res.Verdict = Unchanged
+	case w.applied:
+		res.Verdict = Applied
+	case w.storedCreated != nil && (w.storedCreated.After(at) || terminal(deref(w.storedStatus))):
+		s.stale.Inc()
+		res.Verdict = Stale
+	default:
+		return Result{}, false
 	}
-	return order(st.eventID == ev.ID, terminal(st.sub.Status), st.created, ev.Created, ev.Creation,
-		func() []Field { return diff(st.sub, sub) }, before)
+	return res, true
 }
 
-// tie is a same-second judgement and the means to carry it out.
-type tie struct {
-	verdict verdict
-	result  Result // StoredEventID, Differs
-	// admit writes the event's state as the stored state's successor.
-	admit func(ctx context.Context, tx pgx.Tx) error
-	// revalidate writes the state read from Stripe; nil without an API.
-	revalidate func(ctx context.Context, tx pgx.Tx) error
+// row is a guarded row as read back under its lock, with the event that
+// wrote it.
+type row[S any] struct {
+	state    S
+	eventID  string
+	storedAt time.Time
+	terminal bool
 }
 
-// settle judges under a row lock and carries out the verdict in the same
-// transaction: the read, any call to Stripe and the write happen while no
-// other delivery can write the row, so two revalidations commit in the
-// order they read.
-func (s *Store) settle(ctx context.Context, eventID string, judge func(ctx context.Context, tx pgx.Tx) (tie, error)) (res Result, err error) {
+// tie is one event the fast path could not settle, with what settle needs
+// to judge it against its kind of row and to carry out the verdict.
+type tie[S any] struct {
+	eventID  string
+	at       time.Time
+	creation bool
+	// read locks and reads the stored row; false when there is none.
+	read func(ctx context.Context, tx pgx.Tx) (row[S], bool, error)
+	// after names the stored fields that differ from the event's state;
+	// before those that differ from the state before the event, nil when
+	// that state is unknown.
+	after  func(stored S) []Field
+	before func(stored S) ([]Field, error)
+	// write stores the event's state as the successor of the stored event.
+	write writeFunc
+	// revalidate reads the state from Stripe and stores it as the
+	// successor of the stored event; nil without an API.
+	revalidate writeFunc
+}
+
+// writeFunc writes inside settle's transaction, naming the stored event
+// the write succeeds.
+type writeFunc func(ctx context.Context, tx pgx.Tx, storedID string) error
+
+// settle judges t under the row's lock and carries out the verdict in the
+// same transaction: the read, any call to Stripe and the write happen
+// while no other delivery can write the row, so two revalidations commit
+// in the order they read.
+func settle[S any](ctx context.Context, s *Store, t tie[S]) (res Result, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", eventID, err)
+		return Result{}, fmt.Errorf("apply %s: %w", t.eventID, err)
 	}
 	defer func() {
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	t, err := judge(ctx, tx)
+	st, found, err := t.read(ctx, tx)
 	if err != nil {
 		return Result{}, err
 	}
-	res = t.result
-	switch t.verdict {
-	case same:
-		res.Applied = true
-	case stale:
-		s.stale.Inc()
-		res.Stale = true
-	case admit:
-		if err := t.admit(ctx, tx); err != nil {
-			return Result{}, err
+	// Not found: deleted in between (nothing here deletes rows), so the
+	// event is written as new.
+	res = Result{Verdict: Applied, StoredEventID: st.eventID}
+	if found {
+		f := facts{sameEvent: st.eventID == t.eventID, terminal: st.terminal,
+			storedAt: st.storedAt, at: t.at, creation: t.creation,
+			after: func() []Field { return t.after(st.state) }}
+		if t.before != nil {
+			f.before = func() ([]Field, error) { return t.before(st.state) }
 		}
-		res.Applied = true
-	case unordered:
-		if t.revalidate == nil {
-			s.unordered.Inc()
-			res.Unordered = true
-			break
-		}
-		if err := t.revalidate(ctx, tx); err != nil {
-			return Result{}, err
-		}
-		res.Revalidated = true
+		res.Verdict, res.Differs = order(f)
+	}
+	if err := s.carryOut(ctx, tx, t.write, t.revalidate, st.eventID, &res); err != nil {
+		return Result{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("apply %s: %w", eventID, err)
+		return Result{}, fmt.Errorf("apply %s: %w", t.eventID, err)
 	}
 	return res, nil
+}
+
+// carryOut does what res's verdict says, and turns Unordered into
+// Revalidated when Stripe could be asked.
+func (s *Store) carryOut(ctx context.Context, tx pgx.Tx, write, revalidate writeFunc, storedID string, res *Result) error {
+	switch res.Verdict {
+	case Stale:
+		s.stale.Inc()
+	case Applied:
+		return write(ctx, tx, storedID)
+	case Unordered:
+		if revalidate == nil {
+			s.unordered.Inc()
+			return nil
+		}
+		if err := revalidate(ctx, tx, storedID); err != nil {
+			return err
+		}
+		res.Verdict = Revalidated
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -357,6 +358,8 @@ type options struct {
 	// poolSize, when set, is the Postgres pool's size (the service's
 	// default is 16); else pgxpool's default.
 	poolSize int32
+	// logs, when set, receives the log lines too.
+	logs io.Writer
 }
 
 const inboundDomain = "@Inbound.Munchable.app"
@@ -392,7 +395,11 @@ func newHarness(t testing.TB, o options) *harness {
 	if o.quiet {
 		level = slog.LevelWarn
 	}
-	logger := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+	out := t.Output()
+	if o.logs != nil {
+		out = io.MultiWriter(out, o.logs)
+	}
+	logger := slog.New(slog.NewJSONHandler(out, &slog.HandlerOptions{Level: level}))
 	flow := claim.NewFlow(h.store, claim.FlowConfig{HandlerTimeout: o.handlerTimeout, Logger: logger, Registerer: h.reg})
 	ep := flow.Endpoint(claim.Provider{Name: "resend", DedupeTTL: 30 * time.Hour})
 

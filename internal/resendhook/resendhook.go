@@ -107,7 +107,7 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 		return out, nil
 	}
 	logger := h.logger.With("provider", "resend", "event_id", out.ID, "event_type", ev.Type, "email_id", d.EmailID)
-	out.Apply = func(ctx context.Context) error {
+	out.Apply = func(ctx context.Context) (claim.Effect, error) {
 		return h.apply(ctx, logger, d, to)
 	}
 	return out, nil
@@ -140,14 +140,15 @@ func messageID(h http.Header) string {
 // retries): the API's 5xx, 429, a network error, the handler deadline, a
 // failed download, and a 404 or an answer that is not the announced email,
 // which mean a wrong RESEND_API_URL or another team's API key, never a mail
-// to drop.
-func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) error {
+// to drop. A message already queued (an earlier delivery, or the same mail
+// under another svix-id) is unchanged.
+func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) (claim.Effect, error) {
 	email, err := fetchEmail(ctx, h.client, d.EmailID)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
 	}
 	if err != nil {
-		return fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
+		return "", fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
 	}
 	html, cut := capHTML(email.HTML)
 	if cut {
@@ -159,8 +160,11 @@ func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData
 			return h.storeAttachments(ctx, email, w)
 		})
 	if err != nil {
-		return err
+		return "", err
 	}
 	logger.DebugContext(ctx, "support message enqueued", "support_message_id", id, "inserted", inserted)
-	return nil
+	if !inserted {
+		return claim.Unchanged, nil
+	}
+	return claim.Applied, nil
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
-	"github.com/munchable/munchable-webhooks/internal/entitlements"
 	"github.com/munchable/munchable-webhooks/internal/stripetest"
 )
 
@@ -503,30 +503,31 @@ func TestUnorderedRevalidated(t *testing.T) {
 }
 
 // Replay decodes an event read from the API and runs it through the same
-// claim; onResult says what the store did.
+// claim; the flow's result says what the store did.
 func TestEventForReplay(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, options{})
 	body := corpus(t, "customer.subscription.updated.mixed_interval.json")
-	var results []entitlements.Result
-	ev, err := h.receiver.Event(body, func(r entitlements.Result) { results = append(results, r) })
+	ev, err := h.receiver.Event(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.ep.Process(t.Context(), body, ev); err != nil {
+	res, err := h.ep.Process(t.Context(), body, ev)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 1 || !results[0].Applied {
-		t.Fatalf("results = %+v, want one applied", results)
+	if want := (claim.Result{Outcome: claim.Processed, Effect: claim.Applied}); res != want {
+		t.Fatalf("result = %+v, want %+v", res, want)
 	}
 	// Delivered again: a duplicate, and the store is not called.
-	if _, err := h.ep.Process(t.Context(), body, ev); err != nil {
+	res, err = h.ep.Process(t.Context(), body, ev)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 1 {
-		t.Errorf("a duplicate reached the store: %+v", results)
+	if want := (claim.Result{Outcome: claim.Duplicate}); res != want {
+		t.Errorf("again = %+v, want %+v: a duplicate reached the store", res, want)
 	}
-	if _, err := h.receiver.Event([]byte(`{"id":"evt_x","type":"customer.subscription.updated","created":1764590400,"data":{"object":{}}}`), nil); err == nil {
+	if _, err := h.receiver.Event([]byte(`{"id":"evt_x","type":"customer.subscription.updated","created":1764590400,"data":{"object":{}}}`)); err == nil {
 		t.Error("an incomplete event decoded")
 	}
 }

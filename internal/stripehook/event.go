@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
-	"github.com/munchable/munchable-webhooks/internal/entitlements"
 )
 
 // head is what every decision starts from: the type (handled or not) and
@@ -120,7 +119,7 @@ func created(raw json.RawMessage, now time.Time) (time.Time, error) {
 // decode reads a verified event body into what the claim runs. Only a
 // handled type is read past its head; body is not kept (the intake reuses
 // its buffer), only what json copies out of it.
-func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (claim.Event, error) {
+func (r *Receiver) decode(body []byte) (claim.Event, error) {
 	var h head
 	if err := json.Unmarshal(body, &h); err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
@@ -150,6 +149,6 @@ func (r *Receiver) decode(body []byte, onResult func(entitlements.Result)) (clai
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %s %s: data.object: %w", claim.ErrMalformed, h.Type, h.ID, err)
 	}
-	out.Apply = r.applier(out, apply, onResult)
+	out.Apply = r.applier(out, apply)
 	return out, nil
 }

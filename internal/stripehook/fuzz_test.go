@@ -24,7 +24,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"id":"evt_1","type":"customer.subscription.updated","created":1764590400,"data":{"object":{"id":"sub","customer":null,"status":"active"}}}`))
 	r := New(Config{})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		ev, err := r.decode(body, nil)
+		ev, err := r.decode(body)
 		if err != nil {
 			return
 		}

@@ -58,8 +58,9 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 				return before(object, previous, full)
 			},
 		}
-		res, err := r.store.Apply(ctx, sub, ev, r.fetch())
-		if err == nil && !complete && res.Applied {
+		res, err := r.store.ApplySubscription(ctx, sub, ev, r.fetch())
+		// Unchanged too: the same event again rewrote the cut list.
+		if err == nil && !complete && (res.Verdict == entitlements.Applied || res.Verdict == entitlements.Unchanged) {
 			r.itemsIncomplete.Inc()
 			r.logger.Warn("subscription stored with the items the event carried: Stripe cut the list short and no STRIPE_API_KEY is set to list the rest",
 				"event_id", id, "subscription_id", sub.ID, "items", len(sub.Items))
@@ -196,7 +197,8 @@ func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
 		if !complete {
 			r.truncated.Inc()
 		}
-		return r.store.ApplyFeatureEvent(ctx, customer, keys, complete, ev, r.featureLister())
+		f := entitlements.Features{CustomerID: customer, LookupKeys: keys, Complete: complete}
+		return r.store.ApplyFeatures(ctx, f, ev, r.featureLister())
 	}, nil
 }
 

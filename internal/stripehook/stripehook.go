@@ -90,34 +90,44 @@ func (r *Receiver) Decoder(secret string) claim.Decode {
 		if err := verify(body, h.Get("Stripe-Signature"), secret, time.Now()); err != nil {
 			return claim.Event{}, err
 		}
-		return r.decode(body, nil)
+		return r.decode(body)
 	}
 }
 
 // Event decodes an event body already authenticated some other way (stripe
-// replay reads it from the API) into what the claim runs. Its Apply calls
-// onResult, when not nil, with what the store did.
-func (r *Receiver) Event(body []byte, onResult func(entitlements.Result)) (claim.Event, error) {
-	return r.decode(body, onResult)
+// replay reads it from the API) into what the claim runs.
+func (r *Receiver) Event(body []byte) (claim.Event, error) {
+	return r.decode(body)
 }
 
 // applier wraps an event's write: the one place an unordered event is
-// logged, and a result is reported.
-func (r *Receiver) applier(ev claim.Event, apply applyFunc, onResult func(entitlements.Result)) func(context.Context) error {
-	return func(ctx context.Context) error {
+// logged, and the store's verdict becomes the flow's effect.
+func (r *Receiver) applier(ev claim.Event, apply applyFunc) func(context.Context) (claim.Effect, error) {
+	return func(ctx context.Context) (claim.Effect, error) {
 		res, err := apply(ctx)
 		if err != nil {
-			return fmt.Errorf("apply %s: %w", ev.ID, err)
+			return "", fmt.Errorf("apply %s: %w", ev.ID, err)
 		}
-		if res.Unordered {
+		if res.Verdict == entitlements.Unordered {
 			r.logger.Warn("unordered same-second event kept out: set STRIPE_API_KEY to settle such events from the API",
 				"event_id", ev.ID, "event_type", ev.Type, "stored_event_id", res.StoredEventID, "differs", res.Differs)
 		}
-		if onResult != nil {
-			onResult(res)
-		}
-		return nil
+		return effect(res.Verdict), nil
 	}
+}
+
+// effect spells the store's verdict as the flow's effect. A state read
+// from Stripe and stored (Revalidated) is applied: a write happened.
+func effect(v entitlements.Verdict) claim.Effect {
+	switch v {
+	case entitlements.Unchanged:
+		return claim.Unchanged
+	case entitlements.Stale:
+		return claim.Stale
+	case entitlements.Unordered:
+		return claim.Unordered
+	}
+	return claim.Applied
 }
 
 // verify checks the signature only: stripe-go's ConstructEvent would also

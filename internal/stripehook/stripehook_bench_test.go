@@ -67,7 +67,7 @@ func BenchmarkDecode(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.decode(body, nil); err != nil {
+		if _, err := r.decode(body); err != nil {
 			b.Fatal(err)
 		}
 	}

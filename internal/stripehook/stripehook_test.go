@@ -598,3 +598,20 @@ func TestHostileBodies(t *testing.T) {
 		t.Errorf("hostile bodies took claims: %v", keys)
 	}
 }
+
+// Every verdict of the store is one of the flow's effects; a state read
+// from Stripe and stored is applied.
+func TestEffectOfVerdict(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[entitlements.Verdict]claim.Effect{
+		entitlements.Applied:     claim.Applied,
+		entitlements.Unchanged:   claim.Unchanged,
+		entitlements.Stale:       claim.Stale,
+		entitlements.Unordered:   claim.Unordered,
+		entitlements.Revalidated: claim.Applied,
+	} {
+		if got := effect(v); got != want {
+			t.Errorf("effect(%s) = %s, want %s", v, got, want)
+		}
+	}
+}
