@@ -39,7 +39,9 @@ WITH old(j) AS (
         to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
     FROM up u
 ), judged(provider, event_id, event_type, subject, outcome) AS (
-    SELECT 'stripe', $3::text, 'test', $1::text, 'applied' FROM up
+    SELECT 'stripe', $3::text, 'test', $1::text,
+        CASE WHEN s.last_event_id = $3 THEN 'unchanged' ELSE 'applied' END
+    FROM up LEFT JOIN customer_features s ON s.stripe_customer_id = $1
 ),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
 SELECT (SELECT id FROM appended)`
 )

@@ -23,10 +23,11 @@ type Outcome string
 
 const (
 	// Applied: the event's effect, or a state read from the API for it,
-	// changed a row the app reads, and the feed has its change.
+	// was written. The feed has a change when a field the app reads moved.
 	Applied Outcome = "applied"
-	// Unchanged: the event was admitted but the stored state already was
-	// its state (a redelivery, or an event that moved only bookkeeping).
+	// Unchanged: the stored state already was the event's (a redelivery
+	// of an event whose first outcome was not applied, a same-second
+	// event equal to the stored state, a mail already queued).
 	Unchanged Outcome = "unchanged"
 	// Stale: the stored state is newer; nothing was written.
 	Stale Outcome = "stale"
@@ -53,26 +54,24 @@ var Outcomes = []Outcome{Applied, Unchanged, Stale, Unordered, Ignored, Failed, 
 //
 //	judged(provider, event_id, event_type, subject, outcome)
 //
-// with at most one row (none, or a NULL event_id, for a write no event
-// caused: a snapshot, a form post), where outcome 'applied' means "the
-// guard admitted the write"; it becomes 'unchanged' when AppendCTE (which
-// must precede it) appended no change. The statement need not read
-// recorded: a data-modifying CTE always runs.
+// with at most one row, outcome being the store's verdict (applied,
+// unchanged, stale, unordered). A NULL event_id (a write no event caused:
+// a snapshot, a form post, or a write whose verdict the caller records
+// itself) or a NULL outcome (not settled by this statement) records
+// nothing. The statement need not read recorded: a data-modifying CTE
+// always runs.
 //
 // A row already 'applied' stays so: a later attempt of the same event (a
-// crash before confirm, a replay) cannot undo a committed effect, and it
-// appends no second change. attempts counts every attempt that reached
-// the store; the kept body is dropped once an attempt succeeds.
+// crash before confirm, a replay) cannot undo a committed effect. attempts
+// counts every attempt that reached the store; the kept body is dropped
+// once an attempt succeeds.
 const RecordCTE = `
 recorded AS (
     INSERT INTO webhook_events AS w (provider, event_id, event_type, subject,
         outcome, attempts, first_seen_at, finished_at)
-    SELECT j.provider, j.event_id, j.event_type, j.subject,
-        CASE WHEN j.outcome = 'applied' AND NOT EXISTS (SELECT FROM appended)
-             THEN 'unchanged' ELSE j.outcome END,
-        1, now(), now()
+    SELECT j.provider, j.event_id, j.event_type, j.subject, j.outcome, 1, now(), now()
     FROM judged j
-    WHERE j.event_id IS NOT NULL
+    WHERE j.event_id IS NOT NULL AND j.outcome IS NOT NULL
     ON CONFLICT (provider, event_id) DO UPDATE SET
         event_type  = coalesce(EXCLUDED.event_type, w.event_type),
         subject     = coalesce(EXCLUDED.subject, w.subject),
@@ -84,12 +83,12 @@ recorded AS (
 
 // recordSQL is RecordCTE for a verdict reached in Go, inside the
 // transaction that reached it (a same-second event judged stale,
-// unordered or unchanged under its row lock; a support message already
-// queued): no change is appended there.
+// unordered or unchanged under its row lock, or written by the store's
+// statement run without an event).
 const recordSQL = `
 WITH judged(provider, event_id, event_type, subject, outcome) AS (
     VALUES ($1::text, $2::text, $3::text, $4::text, $5::text)
-), appended AS (SELECT WHERE false),` + RecordCTE + `
+),` + RecordCTE + `
 SELECT`
 
 // Entry names the event a store writes for: the ledger row's key and what
@@ -100,8 +99,8 @@ type Entry struct {
 	Type     string
 }
 
-// Record writes e's row with outcome o (Unchanged, Stale, Unordered) in
-// tx, the transaction that judged it. subject is the row it is about.
+// Record writes e's row with outcome o in tx, the transaction that judged
+// it and carried it out. subject is the row it is about.
 func Record(ctx context.Context, tx pgx.Tx, e *Entry, subject string, o Outcome) error {
 	if e == nil {
 		return nil
@@ -144,7 +143,7 @@ ON CONFLICT (provider, event_id) DO UPDATE SET
     attempts    = w.attempts + 1,
     finished_at = EXCLUDED.finished_at,
     last_error  = EXCLUDED.last_error,
-    body        = CASE WHEN w.outcome = 'applied' THEN NULL ELSE EXCLUDED.body END
+    body        = CASE WHEN w.outcome = 'applied' THEN NULL ELSE coalesce(EXCLUDED.body, w.body) END
 RETURNING outcome, attempts`
 
 // maxErrorLen bounds last_error: an error can quote a whole API answer.

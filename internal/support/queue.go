@@ -226,7 +226,8 @@ new(kind, subject, customer, event_id, j) AS (
         to_jsonb(m) - '{text_body,html_body,content_hash}'::text[]
     FROM support_messages m WHERE m.id = $1::bigint AND $3::boolean
 ), judged(provider, event_id, event_type, subject, outcome) AS (
-    VALUES ($4::text, $2::text, $5::text, $1::bigint::text, 'applied')
+    VALUES ($4::text, $2::text, $5::text, $1::bigint::text,
+        CASE WHEN $3::boolean THEN 'applied' ELSE 'unchanged' END)
 ),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
 SELECT`
 
