@@ -66,16 +66,6 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err := claims.Ping(ctx); err != nil && cfg.RedisURL != "" {
 		logger.Warn("redis unavailable at startup: deliveries fail open until it answers", "err", err)
 	}
-	flow := claim.NewFlow(claims, claim.FlowConfig{
-		HandlerTimeout: cfg.HandlerTimeout,
-		PoisonAfter:    cfg.PoisonAfter,
-		Logger:         logger,
-		Registerer:     registry,
-
-		// Both providers' bodies share one deadline and one memory budget.
-		BodyReadTimeout:      cfg.BodyReadTimeout,
-		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
-	})
 	led := ledger.New(pool, cfg.PoisonAfter)
 	// The trim is serve's goroutine: it ends when serve returns (or ctx
 	// ends), and serve waits for it before the pool closes.
@@ -86,6 +76,17 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		led.RunRetention(trimCtx, cfg.EventsRetention, retentionInterval, logger)
 	}()
 	defer func() { stopTrim(); <-trimmed }()
+	flow := claim.NewFlow(claims, claim.FlowConfig{
+		HandlerTimeout: cfg.HandlerTimeout,
+		PoisonAfter:    cfg.PoisonAfter,
+		Logger:         logger,
+		Registerer:     registry,
+		Ledger:         led,
+
+		// Both providers' bodies share one deadline and one memory budget.
+		BodyReadTimeout:      cfg.BodyReadTimeout,
+		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
+	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
 		Origins:          cfg.SupportFormOrigins,

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -112,6 +113,19 @@ type FlowConfig struct {
 	MaxInflightBodyBytes int64
 	Logger               *slog.Logger
 	Registerer           prometheus.Registerer
+	// Ledger, when not nil, records each failed attempt after its
+	// rollback (the effect's store records the others with the effect).
+	Ledger Recorder
+}
+
+// Recorder keeps what happened to an event beyond its claim: the ledger
+// (internal/ledger.Ledger). The flow hands it a failed attempt, after the
+// effect's transaction rolled back, with the verified body (a copy: the
+// intake reuses its buffer) for a retry by hand, or nil when the event did
+// not arrive as a body of its own (stripe replay). It reports whether the
+// event is now dead (failed POISON_AFTER times).
+type Recorder interface {
+	RecordFailure(ctx context.Context, provider, eventID, eventType string, body []byte, cause error) (dead bool, err error)
 }
 
 // Flow runs deliveries through claim, apply, confirm or release. It is the
@@ -120,6 +134,7 @@ type Flow struct {
 	store          *Store
 	handlerTimeout time.Duration
 	poisonAfter    int64
+	ledger         Recorder
 	intake         *intake
 	logger         *slog.Logger
 	metrics        *metrics
@@ -135,6 +150,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
 		poisonAfter:    int64(cfg.PoisonAfter),
+		ledger:         cfg.Ledger,
 		intake:         &intake{timeout: cfg.BodyReadTimeout, budget: cfg.MaxInflightBodyBytes},
 		logger:         logger,
 		metrics:        newMetrics(cfg.Registerer),
@@ -192,6 +208,9 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		// and the stores make a second application harmless.
 		v := f.apply(ctx, p, ev)
 		v.degraded, v.redisErr = reason, err
+		if v.err != nil {
+			f.recordFailure(context.WithoutCancel(ctx), p, body, ev, v.err)
+		}
 		return v
 	}
 	if token == "" {
@@ -221,6 +240,7 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 			// The claim stays until its TTL ends; retries get 409 until then.
 			v.err = errors.Join(v.err, err)
 		}
+		f.recordFailure(bg, p, body, ev, v.err)
 		if f.poisonAfter > 0 && failures == f.poisonAfter {
 			f.metrics.poison.WithLabelValues(p.Name).Inc()
 			f.logger.Error("poison event: failed every attempt so far",
@@ -236,6 +256,27 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		f.logger.Warn("confirm failed", "provider", p.Name, "event_id", ev.ID, "err", err)
 	}
 	return v
+}
+
+// recordFailure hands a failed attempt to the ledger. A ledger that
+// cannot write is logged, not answered: the delivery already fails, and
+// the provider's retry is what recovers it.
+func (f *Flow) recordFailure(ctx context.Context, p Provider, body []byte, ev Event, cause error) {
+	if f.ledger == nil {
+		return
+	}
+	var kept []byte
+	if body != nil {
+		kept = bytes.Clone(body)
+	}
+	dead, err := f.ledger.RecordFailure(ctx, p.Name, ev.ID, ev.Type, kept, cause)
+	switch {
+	case err != nil:
+		f.logger.Error("ledger: failure not recorded", "provider", p.Name, "event_id", ev.ID, "err", err)
+	case dead:
+		f.logger.Warn("ledger: event is dead: retry it by hand with events retry",
+			"provider", p.Name, "event_id", ev.ID, "event_type", ev.Type)
+	}
 }
 
 // unavailableRetry is the Retry-After of a fail-closed refusal: long enough

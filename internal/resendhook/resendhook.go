@@ -18,6 +18,7 @@ import (
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
@@ -53,6 +54,18 @@ type handler struct {
 
 // NewHandler returns the handler of POST /webhooks/resend.
 func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handler {
+	return ep.Handler(newHandler(queue, cfg).decode)
+}
+
+// NewRetry returns what decodes a kept body (events retry) into the event
+// a delivery of it with svix-id id would run: the same reading, filter
+// and apply, without the signature check, which the body passed when it
+// first arrived.
+func NewRetry(queue *support.Queue, cfg Config) func(id string, body []byte) (claim.Event, error) {
+	return newHandler(queue, cfg).event
+}
+
+func newHandler(queue *support.Queue, cfg Config) *handler {
 	h := &handler{
 		queue:  queue,
 		wh:     cfg.Webhook,
@@ -76,7 +89,7 @@ func NewHandler(ep *claim.Endpoint, queue *support.Queue, cfg Config) http.Handl
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(h.ignored, h.unfetchable)
 	}
-	return ep.Handler(h.decode)
+	return h
 }
 
 // decode verifies the signature on the raw bytes, then reads the event:
@@ -86,7 +99,12 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 	if err := h.wh.Verify(body, header); err != nil {
 		return claim.Event{}, verifyError(err)
 	}
-	out := claim.Event{ID: messageID(header)}
+	return h.event(messageID(header), body)
+}
+
+// event reads a verified body delivered under svix-id id.
+func (h *handler) event(id string, body []byte) (claim.Event, error) {
+	out := claim.Event{ID: id}
 	ev, err := decode(body)
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
@@ -107,8 +125,9 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 		return out, nil
 	}
 	logger := h.logger.With("provider", "resend", "event_id", out.ID, "event_type", ev.Type, "email_id", d.EmailID)
+	entry := &ledger.Entry{Provider: "resend", EventID: out.ID, Type: ev.Type}
 	out.Apply = func(ctx context.Context) (claim.Effect, error) {
-		return h.apply(ctx, logger, d, to)
+		return h.apply(ctx, logger, entry, d, to)
 	}
 	return out, nil
 }
@@ -142,7 +161,9 @@ func messageID(h http.Header) string {
 // which mean a wrong RESEND_API_URL or another team's API key, never a mail
 // to drop. A message already queued (an earlier delivery, or the same mail
 // under another svix-id) is unchanged.
-func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) (claim.Effect, error) {
+//
+// The event's ledger row is written in the queue's transaction (entry).
+func (h *handler) apply(ctx context.Context, logger *slog.Logger, entry *ledger.Entry, d receivedData, to string) (claim.Effect, error) {
 	email, err := fetchEmail(ctx, h.client, d.EmailID)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
@@ -155,7 +176,7 @@ func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData
 		logger.WarnContext(ctx, "html body cut", "html_bytes", len(email.HTML), "kept_bytes", len(html))
 		email.HTML = html
 	}
-	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, email, to, time.Now()),
+	id, inserted, err := h.queue.EnqueueFor(ctx, entry, toMessage(d, email, to, time.Now()),
 		func(ctx context.Context, w *support.Attachments) error {
 			return h.storeAttachments(ctx, email, w)
 		})
