@@ -179,7 +179,8 @@ type Result struct {
 
 // Process runs an event that did not arrive over HTTP (stripe replay)
 // through the same claim, keys and effect as a delivery of it. body, when
-// not nil, is fingerprinted as a delivery's would be.
+// not nil, is fingerprinted as a delivery's would be, and kept by the
+// ledger if the attempt fails.
 func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, error) {
 	start := time.Now()
 	v := verdict{outcome: Ignored}
