@@ -168,8 +168,10 @@ func showEvent(ctx context.Context, led *ledger.Ledger, claims *claim.Store, pro
 	default:
 		r.Claim = describeEntry(entry, time.Now())
 	}
-	if r.Changes, err = led.ChangesOf(ctx, eventID); err != nil {
-		return err
+	if r.Event != nil {
+		if r.Changes, err = led.ChangesOf(ctx, *r.Event); err != nil {
+			return err
+		}
 	}
 	out, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {

@@ -42,7 +42,15 @@ const Channel = "munchable_changes"
 //
 // pg_notify stands in RETURNING, which Postgres evaluates for every row it
 // inserts whether or not anything reads appended: NOTIFY is transactional,
-// so the doorbell rings at commit and never for a rollback.
+// so the doorbell rings at commit and never for a rollback. It rings only
+// when the transaction takes the doorbell's lock (a try, never a wait):
+// Postgres serialises the commits of all notifying transactions behind one
+// cluster-wide lock (async.c, PreCommit_Notify), which cut the upsert's
+// throughput to a third under 16 concurrent writers (docs/PERFORMANCE.md).
+// With the gate, at most one transaction at a time notifies; one that
+// finds the gate held appends its change silently, and the bell the holder
+// rings at its commit, the next one, or the consumer's poll wakes the
+// consumer for it. Alone, every change rings.
 const AppendCTE = `
 appended AS (
     INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)
@@ -55,8 +63,12 @@ appended AS (
         FROM jsonb_each(n.j) k
         WHERE k.value IS DISTINCT FROM o.j -> k.key) d
     WHERE d.after IS NOT NULL
-    RETURNING id, pg_notify('` + Channel + `', id::text)
+    RETURNING id, CASE WHEN ` + doorbellLockSQL + ` THEN pg_notify('` + Channel + `', id::text) END
 )`
+
+// doorbellLockSQL is the doorbell's gate: a transaction-level advisory lock
+// on a key of the ledger's own.
+const doorbellLockSQL = `pg_try_advisory_xact_lock(hashtext('ledger'), hashtext('` + Channel + `'))`
 
 // Change is one row of the feed.
 type Change struct {
@@ -260,19 +272,24 @@ func pgconnTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// changesOfSQL reads an event's changes (changes_event serves it). Event
-// ids of both providers share the column; a Stripe id (evt_...) and a
-// svix-id (msg_...) never collide.
+// changesOfSQL reads an event's changes. They were appended between its
+// first attempt and its last (the now() of their transactions), so the
+// index on at bounds the scan without an index of their own on event_id,
+// which every delivery would pay for.
 const changesOfSQL = `
 SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after
-FROM changes WHERE event_id = $1 ORDER BY id`
+FROM changes WHERE at BETWEEN $2 AND $3 AND event_id = $1 ORDER BY id`
 
-// ChangesOf returns the changes an event made, in order. Their cursors
+// ChangesOf returns the changes the event e made, in order. Their cursors
 // are unset: an operator's view, not a position in the feed.
-func (l *Ledger) ChangesOf(ctx context.Context, eventID string) ([]Change, error) {
-	rows, err := l.pool.Query(ctx, changesOfSQL, eventID)
+func (l *Ledger) ChangesOf(ctx context.Context, e Event) ([]Change, error) {
+	last := e.FirstSeenAt
+	if e.FinishedAt != nil && e.FinishedAt.After(last) {
+		last = *e.FinishedAt
+	}
+	rows, err := l.pool.Query(ctx, changesOfSQL, e.EventID, e.FirstSeenAt, last)
 	if err != nil {
-		return nil, fmt.Errorf("changes of %s: %w", eventID, err)
+		return nil, fmt.Errorf("changes of %s: %w", e.EventID, err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Change, error) {
 		var c Change
@@ -280,7 +297,7 @@ func (l *Ledger) ChangesOf(ctx context.Context, eventID string) ([]Change, error
 		return c, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("changes of %s: %w", eventID, err)
+		return nil, fmt.Errorf("changes of %s: %w", e.EventID, err)
 	}
 	return out, nil
 }

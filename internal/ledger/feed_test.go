@@ -291,6 +291,30 @@ func TestNotifyOnCommitOnly(t *testing.T) {
 	if !ok || p != strconv.FormatInt(id, 10) {
 		t.Fatalf("after commit: notified %q, %v; want %d", p, ok, id)
 	}
+	// Two at once: the second finds the doorbell's gate held and appends
+	// silently; the first rings at its commit, and a consumer reading then
+	// or at its next poll has both.
+	a, b := begin(t, pool), begin(t, pool)
+	idA := write(t, a, "cus_a", "evt_a", "1")
+	idB := write(t, b, "cus_b", "evt_b", "1")
+	if err := b.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q for a change appended while the gate was held", p)
+	}
+	if err := a.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := wait(5 * time.Second); !ok || p != strconv.FormatInt(idA, 10) {
+		t.Fatalf("after the gate holder's commit: notified %q, %v; want %d", p, ok, idA)
+	}
+	c := &consumer{pool: pool, page: 10}
+	c.until(t, 3)
+	if got := c.seen[len(c.seen)-2:]; got[0] != idA || got[1] != idB {
+		t.Errorf("consumer read %v, want ... %d, %d", c.seen, idA, idB)
+	}
+
 	// A write that changes nothing appends nothing and rings nothing.
 	if got := write(t, pool, "cus_1", "evt_d", "y"); got != 0 {
 		t.Errorf("unchanged write appended change %d", got)
