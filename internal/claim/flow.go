@@ -259,12 +259,19 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 	return v
 }
 
-// recordFailure hands a failed attempt to the ledger. A ledger that
+// recordFailure hands a failed attempt to the ledger, under the handler's
+// deadline: when Postgres hangs, the failure it caused must not hold the
+// answer much longer than the apply did (TestPostgresHangs). A ledger that
 // cannot write is logged, not answered: the delivery already fails, and
 // the provider's retry is what recovers it.
 func (f *Flow) recordFailure(ctx context.Context, p Provider, body []byte, ev Event, cause error) {
 	if f.ledger == nil {
 		return
+	}
+	if f.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.handlerTimeout)
+		defer cancel()
 	}
 	var kept []byte
 	if body != nil {
