@@ -55,6 +55,10 @@ type config struct {
 	// MaxConnections bounds the connections each listener holds at once.
 	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"1024"`
 
+	// EventsRetention is how long the ledger and the feed keep their rows;
+	// 0 keeps them.
+	EventsRetention time.Duration `env:"EVENTS_RETENTION" envDefault:"720h"`
+
 	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"16"`
 	ShutdownDelay    time.Duration `env:"SHUTDOWN_DELAY" envDefault:"0s"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`
@@ -413,6 +417,9 @@ func (c *config) checkDurations(add addProblem) {
 	}
 	if c.ShutdownDelay < 0 {
 		add("SHUTDOWN_DELAY must not be negative: want 0s or a duration such as 5s")
+	}
+	if c.EventsRetention < 0 {
+		add("EVENTS_RETENTION must not be negative (0 keeps every row)")
 	}
 }
 

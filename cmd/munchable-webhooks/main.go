@@ -44,6 +44,8 @@ commands:
   claims       show, release, mark done or list stuck claims in Redis
   healthcheck  exit 0 when the service on LISTEN_ADDR answers /healthz
   stripe       sync or replay Stripe's state through its API
+  events       show, list or retry the events in the ledger
+  changes      tail the change feed as JSON lines
 
 Every command answers -h with its own usage. Configuration comes from the
 environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line.`
@@ -98,6 +100,10 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return claims(ctx, rest, environ, stdout, stderr)
 	case "stripe":
 		return stripeCommand(ctx, rest, environ, stdout, stderr)
+	case "events":
+		return events(ctx, rest, environ, stdout, stderr)
+	case "changes":
+		return changes(ctx, rest, environ, stdout, stderr)
 	}
 	// The commands without flags or arguments of their own.
 	commands := map[string]struct {

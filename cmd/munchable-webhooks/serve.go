@@ -29,6 +29,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 	"github.com/munchable/munchable-webhooks/internal/intake"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/support"
@@ -75,12 +76,23 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Budget:         cfg.MaxInflightBodyBytes,
 		MaxConnections: cfg.MaxConnections,
 	})
+	led := ledger.New(pool, cfg.PoisonAfter)
+	// The trim is serve's goroutine: it ends when serve returns (or ctx
+	// ends), and serve waits for it before the pool closes.
+	trimCtx, stopTrim := context.WithCancel(ctx)
+	trimmed := make(chan struct{})
+	go func() {
+		defer close(trimmed)
+		led.RunRetention(trimCtx, cfg.EventsRetention, retentionInterval, logger)
+	}()
+	defer func() { stopTrim(); <-trimmed }()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
 		Logger:         logger,
 		Registerer:     registry,
 		Intake:         bodies,
+		Ledger:         led,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
@@ -128,6 +140,11 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	})
 	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
 }
+
+// retentionInterval is how often serve trims the ledger and the feed: a
+// pass finds little to do, and rows outlive EVENTS_RETENTION by at most
+// this.
+const retentionInterval = 10 * time.Minute
 
 // stripeAPI is the Stripe API client, or nil without STRIPE_API_KEY: the
 // service then works offline from payloads.

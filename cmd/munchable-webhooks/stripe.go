@@ -15,6 +15,7 @@ import (
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/stripesync"
 )
@@ -171,6 +172,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	defer closeRedis()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout, PoisonAfter: cfg.PoisonAfter, Logger: logger,
+		Ledger: ledger.New(pool, cfg.PoisonAfter),
 	})
 	endpoint := flow.Endpoint(cfg.provider("stripe"))
 	receiver := stripehook.New(stripehook.Config{Store: store, API: api, Logger: logger})

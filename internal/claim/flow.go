@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -111,6 +112,19 @@ type FlowConfig struct {
 	Intake     *intake.Intake
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Ledger, when not nil, records each failed attempt after its
+	// rollback (the effect's store records the others with the effect).
+	Ledger Recorder
+}
+
+// Recorder keeps what happened to an event beyond its claim: the ledger
+// (internal/ledger.Ledger). The flow hands it a failed attempt, after the
+// effect's transaction rolled back, with the verified body (a copy: the
+// intake reuses its buffer) for a retry by hand, or nil when the event did
+// not arrive as a body of its own (stripe replay). It reports whether the
+// event is now dead (failed POISON_AFTER times).
+type Recorder interface {
+	RecordFailure(ctx context.Context, provider, eventID, eventType string, body []byte, cause error) (dead bool, err error)
 }
 
 // Flow runs deliveries through claim, apply, confirm or release. It is the
@@ -119,6 +133,7 @@ type Flow struct {
 	store          *Store
 	handlerTimeout time.Duration
 	poisonAfter    int64
+	ledger         Recorder
 	intake         *intake.Intake
 	logger         *slog.Logger
 	metrics        *metrics
@@ -138,6 +153,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
 		poisonAfter:    int64(cfg.PoisonAfter),
+		ledger:         cfg.Ledger,
 		intake:         bodies,
 		logger:         logger,
 		metrics:        newMetrics(cfg.Registerer),
@@ -166,7 +182,8 @@ type Result struct {
 
 // Process runs an event that did not arrive over HTTP (stripe replay)
 // through the same claim, keys and effect as a delivery of it. body, when
-// not nil, is fingerprinted as a delivery's would be.
+// not nil, is fingerprinted as a delivery's would be, and kept by the
+// ledger if the attempt fails.
 func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, error) {
 	start := time.Now()
 	v := verdict{outcome: Ignored}
@@ -195,6 +212,9 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		// and the stores make a second application harmless.
 		v := f.apply(ctx, p, ev)
 		v.degraded, v.redisErr = reason, err
+		if v.err != nil {
+			f.recordFailure(context.WithoutCancel(ctx), p, body, ev, v.err)
+		}
 		return v
 	}
 	if token == "" {
@@ -224,6 +244,7 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 			// The claim stays until its TTL ends; retries get 409 until then.
 			v.err = errors.Join(v.err, err)
 		}
+		f.recordFailure(bg, p, body, ev, v.err)
 		if f.poisonAfter > 0 && failures == f.poisonAfter {
 			f.metrics.poison.WithLabelValues(p.Name).Inc()
 			f.logger.Error("poison event: failed every attempt so far",
@@ -239,6 +260,34 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		f.logger.Warn("confirm failed", "provider", p.Name, "event_id", ev.ID, "err", err)
 	}
 	return v
+}
+
+// recordFailure hands a failed attempt to the ledger, under the handler's
+// deadline: when Postgres hangs, the failure it caused must not hold the
+// answer much longer than the apply did (TestPostgresHangs). A ledger that
+// cannot write is logged, not answered: the delivery already fails, and
+// the provider's retry is what recovers it.
+func (f *Flow) recordFailure(ctx context.Context, p Provider, body []byte, ev Event, cause error) {
+	if f.ledger == nil {
+		return
+	}
+	if f.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.handlerTimeout)
+		defer cancel()
+	}
+	var kept []byte
+	if body != nil {
+		kept = bytes.Clone(body)
+	}
+	dead, err := f.ledger.RecordFailure(ctx, p.Name, ev.ID, ev.Type, kept, cause)
+	switch {
+	case err != nil:
+		f.logger.Error("ledger: failure not recorded", "provider", p.Name, "event_id", ev.ID, "err", err)
+	case dead:
+		f.logger.Warn("ledger: event is dead: retry it by hand with events retry",
+			"provider", p.Name, "event_id", ev.ID, "event_type", ev.Type)
+	}
 }
 
 // unavailableRetry is the Retry-After of a fail-closed refusal: long enough

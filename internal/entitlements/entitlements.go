@@ -14,11 +14,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
-// Event identifies the Stripe event that reported a Subscription.
+// Event identifies the Stripe event that reported a row.
 type Event struct {
-	ID      string
+	ID string
+	// Type is the event's type, for its ledger row ("" for a test).
+	Type    string
 	Created time.Time // Stripe's created: one-second resolution
 	// Creation marks a customer.subscription.created event, which never
 	// succeeds another.
@@ -84,8 +88,28 @@ const ApplySQL = applySQL
 // one statement see the same snapshot and their order is not defined. The
 // last SELECT reads that snapshot: the row as it was before this statement,
 // which tells a stale event from a same-second one.
+//
+// The ledger and the feed ride in the same statement (internal/ledger's
+// fragments): old is the row and its items as the snapshot shows them,
+// which the lock taken before this statement makes the committed state;
+// new is what up wrote, with the items from the parameters in the same
+// JSON shape; judged is the fast path's verdict, as fast reads it, or
+// NULL for a tie (settle records it). $26 is the event behind the change
+// (the event, or a snapshot's id); $27 and $28 the ledger row's event id
+// and type, NULL when this statement records none.
 const applySQL = `
-WITH up AS (
+WITH old(j) AS (
+    SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created}'::text[]
+        || jsonb_build_object('items', coalesce((
+            SELECT jsonb_agg(jsonb_build_object('id', i.stripe_item_id,
+                'price_id', i.price_id, 'product_id', i.product_id,
+                'price_lookup_key', i.price_lookup_key, 'quantity', i.quantity,
+                'current_period_start', i.current_period_start,
+                'current_period_end', i.current_period_end) ORDER BY i.position)
+            FROM entitlement_items i
+            WHERE i.stripe_subscription_id = s.stripe_subscription_id), '[]'))
+    FROM entitlements s WHERE s.stripe_subscription_id = $1
+), up AS (
     INSERT INTO entitlements AS e (
         stripe_subscription_id, stripe_customer_id, status, price_id,
         current_period_end, cancel_at_period_end, last_event_id,
@@ -116,7 +140,7 @@ WITH up AS (
        OR (e.status NOT IN ('canceled', 'incomplete_expired')
            AND (e.last_event_created < EXCLUDED.last_event_created
                 OR e.last_event_id = $9::text))
-    RETURNING 1
+    RETURNING e.*
 ), gone AS (
     DELETE FROM entitlement_items
     WHERE stripe_subscription_id = $1 AND EXISTS (SELECT FROM up)
@@ -141,7 +165,27 @@ WITH up AS (
         current_period_start = EXCLUDED.current_period_start,
         current_period_end   = EXCLUDED.current_period_end,
         position             = EXCLUDED.position
-)
+), new(kind, subject, customer, event_id, j) AS (
+    SELECT '` + ledger.KindSubscription + `', u.stripe_subscription_id, u.stripe_customer_id, $26::text,
+        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
+        || jsonb_build_object('items', coalesce((
+            SELECT jsonb_agg(jsonb_build_object('id', i.id, 'price_id', i.price,
+                'product_id', i.product, 'price_lookup_key', i.lookup_key,
+                'quantity', i.quantity, 'current_period_start', i.period_start,
+                'current_period_end', i.period_end) ORDER BY i.position)
+            FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
+                $24::timestamptz[], $25::timestamptz[])
+                WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
+                    period_start, period_end, position)), '[]'))
+    FROM up u
+), judged(provider, event_id, event_type, subject, outcome) AS (
+    SELECT 'stripe', $27::text, $28::text, $1::text, CASE
+        WHEN EXISTS (SELECT FROM up) THEN
+            CASE WHEN s.last_event_id = $7 THEN 'unchanged' ELSE 'applied' END
+        WHEN s.last_event_created > $8 OR s.status IN ('canceled', 'incomplete_expired') THEN 'stale'
+        END
+    FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1
+),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
 SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created, s.status
 FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1`
 
@@ -172,8 +216,10 @@ type written struct {
 }
 
 // write runs applySQL. successorOf is the stored event the same-second
-// rule found this event to succeed ("" on the fast path).
-func write(ctx context.Context, q querier, sub Subscription, eventID string, created time.Time, successorOf string) (written, error) {
+// rule found this event to succeed ("" on the fast path). cause is the
+// event behind the write, for the feed; entry, when not nil, has the
+// statement write the event's ledger row with the fast path's verdict.
+func write(ctx context.Context, q querier, sub Subscription, eventID string, created time.Time, successorOf string, cause string, entry *ledger.Entry) (written, error) {
 	metadata, err := metadataJSON(sub.Metadata)
 	if err != nil {
 		return written{}, err
@@ -199,7 +245,8 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 		nullString(successorOf), nullTime(sub.CancelAt), nullTime(sub.CanceledAt),
 		nullTime(sub.EndedAt), nullTime(sub.TrialStart), nullTime(sub.TrialEnd),
 		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
-		metadata, ids, prices, products, lookupKeys, quantities, starts, ends)
+		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
+		cause, entryID(entry), entryType(entry))
 	br := q.SendBatch(ctx, b)
 	var w written
 	_, err = br.Exec()
@@ -228,7 +275,7 @@ func terminal(status string) bool {
 // statement. A same-second event, or one that raced another delivery, is
 // judged again under the row's lock (settle).
 func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
-	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "")
+	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "", ev.ID, ev.entry())
 	if err != nil {
 		return Result{}, err
 	}
@@ -305,6 +352,8 @@ func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, e
 func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] {
 	t := tie[Subscription]{
 		eventID:  ev.ID,
+		entry:    ev.entry(),
+		subject:  sub.ID,
 		at:       ev.Created,
 		creation: ev.Creation,
 		read: func(ctx context.Context, tx pgx.Tx) (row[Subscription], bool, error) {
@@ -315,7 +364,7 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] 
 		},
 		after: func(stored Subscription) []Field { return diff(stored, sub) },
 		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
-			_, err := write(ctx, tx, sub, ev.ID, ev.Created, storedID)
+			_, err := write(ctx, tx, sub, ev.ID, ev.Created, storedID, ev.ID, nil)
 			return err
 		},
 	}
@@ -334,7 +383,7 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] 
 			if err != nil {
 				return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
 			}
-			_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID)
+			_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
 			return err
 		}
 	}
@@ -355,7 +404,7 @@ func snapshotID(takenAt time.Time) string {
 // webhook from the same second meets the same-second rule against it.
 func (s *Store) SnapshotSubscription(ctx context.Context, sub Subscription, takenAt time.Time) (Result, error) {
 	at := takenAt.UTC().Truncate(time.Second)
-	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "")
+	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "", snapshotID(at), nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -382,6 +431,28 @@ func metadataJSON(m map[string]string) (string, error) {
 	}
 	b, err := json.Marshal(m)
 	return string(b), err
+}
+
+// provider names Stripe in the ledger, as the claim flow does.
+const provider = "stripe"
+
+// entry is the event's ledger key.
+func (ev Event) entry() *ledger.Entry {
+	return &ledger.Entry{Provider: provider, EventID: ev.ID, Type: ev.Type}
+}
+
+func entryID(e *ledger.Entry) *string {
+	if e == nil {
+		return nil
+	}
+	return &e.EventID
+}
+
+func entryType(e *ledger.Entry) *string {
+	if e == nil {
+		return nil
+	}
+	return nullString(e.Type)
 }
 
 func nullString(s string) *string {

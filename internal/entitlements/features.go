@@ -8,11 +8,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
 // FeatureEvent is an entitlements.active_entitlement_summary.updated event.
 type FeatureEvent struct {
-	ID      string
+	ID string
+	// Type is the event's type, for its ledger row ("" for a test).
+	Type    string
 	Created time.Time
 	// Previous are the lookup keys data.previous_attributes.entitlements
 	// named; HasPrevious is false when it named none.
@@ -27,8 +31,14 @@ type ListFeatures func(ctx context.Context, customerID string) ([]string, error)
 // featuresSQL replaces a customer's features under the same guard as a
 // subscription (see applySQL), without terminal states: a customer's
 // features can always change again.
+//
+// The ledger and the feed ride along as in applySQL: $7 is the event behind
+// the change, $8 and $9 the ledger row's event id and type (NULL: none).
 const featuresSQL = `
-WITH up AS (
+WITH old(j) AS (
+    SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created}'::text[]
+    FROM customer_features s WHERE s.stripe_customer_id = $1
+), up AS (
     INSERT INTO customer_features AS f (stripe_customer_id, lookup_keys,
         complete, last_event_id, last_event_created, updated_at)
     VALUES ($1, $2, $3, $4, $5, now())
@@ -41,10 +51,27 @@ WITH up AS (
     WHERE f.last_event_id = EXCLUDED.last_event_id
        OR f.last_event_created < EXCLUDED.last_event_created
        OR f.last_event_id = $6::text
-    RETURNING 1
-)
+    RETURNING f.*
+), new(kind, subject, customer, event_id, j) AS (
+    SELECT '` + ledger.KindCustomerFeatures + `', u.stripe_customer_id, u.stripe_customer_id, $7::text,
+        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
+    FROM up u
+), judged(provider, event_id, event_type, subject, outcome) AS (
+    SELECT 'stripe', $8::text, $9::text, $1::text, CASE
+        WHEN EXISTS (SELECT FROM up) THEN
+            CASE WHEN s.last_event_id = $4 THEN 'unchanged' ELSE 'applied' END
+        WHEN s.last_event_created > $5 THEN 'stale'
+        END
+    FROM (SELECT) AS one LEFT JOIN customer_features s ON s.stripe_customer_id = $1
+),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
 SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created
 FROM (SELECT) AS one LEFT JOIN customer_features s ON s.stripe_customer_id = $1`
+
+// lockFeaturesSQL serialises the writes of one customer's features, as
+// lockSQL does a subscription's: featuresSQL's snapshot, from which the
+// feed's before is read, is then taken after the previous writer
+// committed, and the feed's ids follow the commits.
+const lockFeaturesSQL = `SELECT pg_advisory_xact_lock(hashtext('customer_features'), hashtext($1))`
 
 // Features are a customer's active entitlements, by lookup key.
 type Features struct {
@@ -55,10 +82,23 @@ type Features struct {
 	Complete bool
 }
 
-func writeFeatures(ctx context.Context, q querier, f Features, eventID string, at time.Time, successorOf string) (written, error) {
+// writeFeatures runs featuresSQL after the customer's lock, in one batch
+// (one round trip; one implicit transaction on the pool). cause and entry
+// are write's.
+func writeFeatures(ctx context.Context, q querier, f Features, eventID string, at time.Time, successorOf string, cause string, entry *ledger.Entry) (written, error) {
+	b := &pgx.Batch{}
+	b.Queue(lockFeaturesSQL, f.CustomerID)
+	b.Queue(featuresSQL, f.CustomerID, sortedKeys(f.LookupKeys), f.Complete, eventID, at,
+		nullString(successorOf), cause, entryID(entry), entryType(entry))
+	br := q.SendBatch(ctx, b)
 	var w written
-	err := q.QueryRow(ctx, featuresSQL, f.CustomerID, sortedKeys(f.LookupKeys), f.Complete, eventID, at, nullString(successorOf)).
-		Scan(&w.applied, &w.storedID, &w.storedCreated)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&w.applied, &w.storedID, &w.storedCreated)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return written{}, fmt.Errorf("write features of %s from %s: %w", f.CustomerID, eventID, err)
 	}
@@ -78,7 +118,8 @@ func sortedKeys(keys []string) []string {
 // unordered same-second event by listing the customer's active
 // entitlements; nil keeps the stored row and counts it.
 func (s *Store) ApplyFeatures(ctx context.Context, f Features, ev FeatureEvent, list ListFeatures) (Result, error) {
-	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "")
+	entry := &ledger.Entry{Provider: provider, EventID: ev.ID, Type: ev.Type}
+	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "", ev.ID, entry)
 	if err != nil {
 		return Result{}, err
 	}
@@ -98,6 +139,8 @@ FOR UPDATE`
 func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 	t := tie[Features]{
 		eventID: ev.ID,
+		entry:   &ledger.Entry{Provider: provider, EventID: ev.ID, Type: ev.Type},
+		subject: f.CustomerID,
 		at:      ev.Created,
 		read: func(ctx context.Context, tx pgx.Tx) (row[Features], bool, error) {
 			st := row[Features]{state: Features{CustomerID: f.CustomerID}}
@@ -113,7 +156,7 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 		},
 		after: func(stored Features) []Field { return featureDiff(stored, f) },
 		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
-			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID)
+			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID, ev.ID, nil)
 			return err
 		},
 	}
@@ -128,7 +171,7 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 			if err != nil {
 				return fmt.Errorf("revalidate features of %s for %s: %w", f.CustomerID, ev.ID, err)
 			}
-			_, err = writeFeatures(ctx, tx, Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, revalidatedID(ev.ID), ev.Created, storedID)
+			_, err = writeFeatures(ctx, tx, Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
 			return err
 		}
 	}
@@ -154,7 +197,7 @@ func featureDiff(a, b Features) []Field {
 // snapshot as its event.
 func (s *Store) SnapshotFeatures(ctx context.Context, f Features, at time.Time) (Result, error) {
 	at = at.UTC().Truncate(time.Second)
-	w, err := writeFeatures(ctx, s.pool, f, snapshotID(at), at, "")
+	w, err := writeFeatures(ctx, s.pool, f, snapshotID(at), at, "", snapshotID(at), nil)
 	if err != nil {
 		return Result{}, err
 	}

@@ -133,7 +133,7 @@ func TestCheckout(t *testing.T) {
 	for _, st := range steps {
 		c := cs
 		c.Status, c.PaymentStatus = st.status, st.paid
-		res, err := s.ApplyCheckout(ctx, c, st.id, t0.Add(st.at))
+		res, err := s.ApplyCheckout(ctx, c, Event{ID: st.id, Created: t0.Add(st.at)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,15 +146,15 @@ func TestCheckout(t *testing.T) {
 	}
 	// Same second: only a step forward is admitted.
 	open := CheckoutSession{ID: "cs_2", Mode: "payment", Status: "open", PaymentStatus: "unpaid"}
-	if _, err := s.ApplyCheckout(ctx, open, "evt_o", t0); err != nil {
+	if _, err := s.ApplyCheckout(ctx, open, Event{ID: "evt_o", Created: t0}); err != nil {
 		t.Fatal(err)
 	}
 	done := open
 	done.Status, done.PaymentStatus, done.ClientReferenceID = "complete", "paid", "user_7"
-	if res, err := s.ApplyCheckout(ctx, done, "evt_d", t0); err != nil || res.Verdict != Applied {
+	if res, err := s.ApplyCheckout(ctx, done, Event{ID: "evt_d", Created: t0}); err != nil || res.Verdict != Applied {
 		t.Fatalf("same-second step forward = %+v, %v", res, err)
 	}
-	if res, err := s.ApplyCheckout(ctx, open, "evt_o2", t0); err != nil || res.Verdict != Stale {
+	if res, err := s.ApplyCheckout(ctx, open, Event{ID: "evt_o2", Created: t0}); err != nil || res.Verdict != Stale {
 		t.Fatalf("same-second step back = %+v, %v; want stale", res, err)
 	}
 	if got, want := read("cs_2"), (checkoutRow{"complete", "paid", "user_7", "evt_d"}); got != want {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
 // facts are what the guard weighs: the stored row and the incoming event.
@@ -105,7 +107,12 @@ type row[S any] struct {
 // tie is one event the fast path could not settle, with what settle needs
 // to judge it against its kind of row and to carry out the verdict.
 type tie[S any] struct {
-	eventID  string
+	eventID string
+	// entry and subject are the event's ledger row, which settle writes
+	// with its verdict in the same transaction (the writes it runs record
+	// none themselves).
+	entry    *ledger.Entry
+	subject  string
 	at       time.Time
 	creation bool
 	// read locks and reads the stored row; false when there is none.
@@ -159,6 +166,9 @@ func settle[S any](ctx context.Context, s *Store, t tie[S]) (res Result, err err
 	if err := s.carryOut(ctx, tx, t.write, t.revalidate, st.eventID, &res); err != nil {
 		return Result{}, err
 	}
+	if err := ledger.Record(ctx, tx, t.entry, t.subject, ledgerOutcome(res.Verdict)); err != nil {
+		return Result{}, err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return Result{}, fmt.Errorf("apply %s: %w", t.eventID, err)
 	}
@@ -184,4 +194,18 @@ func (s *Store) carryOut(ctx context.Context, tx pgx.Tx, write, revalidate write
 		res.Verdict = Revalidated
 	}
 	return nil
+}
+
+// ledgerOutcome spells a verdict as the ledger does: a state read from Stripe
+// and stored (Revalidated) is applied, a write happened.
+func ledgerOutcome(v Verdict) ledger.Outcome {
+	switch v {
+	case Unchanged:
+		return ledger.Unchanged
+	case Stale:
+		return ledger.Stale
+	case Unordered:
+		return ledger.Unordered
+	}
+	return ledger.Applied
 }

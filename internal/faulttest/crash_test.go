@@ -194,6 +194,16 @@ func TestCrashAfterEffectBeforeConfirm(t *testing.T) {
 		if n := r.supportRows(p.mail); n != 1 {
 			t.Errorf("%s: %d support rows, want 1", when, n)
 		}
+		// The ledger says applied from the moment the effect committed,
+		// and a re-application appends no second change to the feed.
+		for _, k := range [][2]string{{"stripe", p.ev.ID}, {"resend", p.mail.SvixID}} {
+			if n := r.count(`SELECT count(*) FROM webhook_events WHERE provider = $1 AND event_id = $2 AND outcome = 'applied'`, k[0], k[1]); n != 1 {
+				t.Errorf("%s: %s %s is not applied in the ledger", when, k[0], k[1])
+			}
+			if n := r.count(`SELECT count(*) FROM changes WHERE event_id = $1`, k[1]); n != 1 {
+				t.Errorf("%s: %s %s has %d changes in the feed, want 1", when, k[0], k[1], n)
+			}
+		}
 		return e
 	}
 

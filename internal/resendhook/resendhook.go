@@ -18,6 +18,7 @@ import (
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
@@ -74,6 +75,13 @@ func (r *Receiver) Handler(ep *claim.Endpoint) Handler {
 	return Handler(ep.Handler(r.h.decode))
 }
 
+// Event decodes a kept body (events retry) into the event a delivery of it
+// with svix-id id would run: the same reading, filter and apply, without
+// the signature check, which the body passed when it first arrived.
+func (r *Receiver) Event(id string, body []byte) (claim.Event, error) {
+	return r.h.event(id, body)
+}
+
 // New returns a Receiver and registers its metrics.
 func New(cfg Config) *Receiver {
 	h := &handler{
@@ -113,7 +121,12 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 	if err := h.wh.Verify(body, header); err != nil {
 		return claim.Event{}, verifyError(err)
 	}
-	out := claim.Event{ID: messageID(header)}
+	return h.event(messageID(header), body)
+}
+
+// event reads a verified body delivered under svix-id id.
+func (h *handler) event(id string, body []byte) (claim.Event, error) {
+	out := claim.Event{ID: id}
 	ev, err := decode(body)
 	if err != nil {
 		return claim.Event{}, fmt.Errorf("%w: %w", claim.ErrMalformed, err)
@@ -134,8 +147,9 @@ func (h *handler) decode(header http.Header, body []byte) (claim.Event, error) {
 		return out, nil
 	}
 	logger := h.logger.With("provider", "resend", "event_id", out.ID, "event_type", ev.Type, "email_id", d.EmailID)
+	entry := &ledger.Entry{Provider: "resend", EventID: out.ID, Type: ev.Type}
 	out.Apply = func(ctx context.Context) (claim.Effect, error) {
-		return h.apply(ctx, logger, d, to)
+		return h.apply(ctx, logger, entry, d, to)
 	}
 	return out, nil
 }
@@ -170,7 +184,9 @@ func messageID(h http.Header) string {
 // announced email, which mean a wrong RESEND_API_URL or another team's API
 // key, never a mail to drop. A message already queued (an earlier
 // delivery, or the same mail under another svix-id) is unchanged.
-func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData, to string) (claim.Effect, error) {
+//
+// The event's ledger row is written in the queue's transaction (entry).
+func (h *handler) apply(ctx context.Context, logger *slog.Logger, entry *ledger.Entry, d receivedData, to string) (claim.Effect, error) {
 	a, err := fetchEmail(ctx, h.client, d.EmailID)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
@@ -184,7 +200,7 @@ func (h *handler) apply(ctx context.Context, logger *slog.Logger, d receivedData
 		return "", err
 	}
 	defer atts.Close()
-	id, inserted, err := h.queue.EnqueueWith(ctx, toMessage(d, &a.email, to, time.Now()), atts.write)
+	id, inserted, err := h.queue.EnqueueFor(ctx, entry, toMessage(d, &a.email, to, time.Now()), atts.write)
 	if err != nil {
 		return "", err
 	}

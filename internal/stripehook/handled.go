@@ -31,7 +31,7 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 		c := s
 		cut = &c
 	}
-	raw, id, creation := h.Data, h.ID, h.Type == "customer.subscription.created"
+	raw, id, typ, creation := h.Data, h.ID, h.Type, h.Type == "customer.subscription.created"
 	return func(ctx context.Context) (entitlements.Result, error) {
 		sub, complete := sub, cut == nil
 		var full []itemJSON // the item list as listed in full; nil when not listed
@@ -48,6 +48,7 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 		}
 		ev := entitlements.Event{
 			ID:       id,
+			Type:     typ,
 			Created:  at,
 			Creation: creation,
 			Before: func() (entitlements.Subscription, error) {
@@ -170,7 +171,7 @@ func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
 	if s.Customer == "" {
 		return nil, fmt.Errorf("%w: customer", errMissing)
 	}
-	ev := entitlements.FeatureEvent{ID: h.ID, Created: at}
+	ev := entitlements.FeatureEvent{ID: h.ID, Type: h.Type, Created: at}
 	var prev struct {
 		Entitlements *struct {
 			Data []struct {
@@ -260,8 +261,8 @@ func (r *Receiver) checkoutEvent(h head, at time.Time) (applyFunc, error) {
 	if cs.Metadata == nil {
 		cs.Metadata = map[string]string{}
 	}
-	id := h.ID
+	ev := entitlements.Event{ID: h.ID, Type: h.Type, Created: at}
 	return func(ctx context.Context) (entitlements.Result, error) {
-		return r.store.ApplyCheckout(ctx, cs, id, at)
+		return r.store.ApplyCheckout(ctx, cs, ev)
 	}, nil
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
 // Sources of a message, as stored in support_messages.source.
@@ -141,6 +143,13 @@ func (q *Queue) Enqueue(ctx context.Context, m Message) (id int64, inserted bool
 // write what is already at hand (downloads happen before EnqueueWith), never
 // wait on a network call.
 func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.Context, *Attachments) error) (id int64, inserted bool, err error) {
+	return q.EnqueueFor(ctx, nil, m, attach)
+}
+
+// EnqueueFor is EnqueueWith for the event e (a Resend delivery; nil for a
+// form post), whose ledger row it writes in the same transaction: applied
+// when the message was inserted, unchanged when it was already queued.
+func (q *Queue) EnqueueFor(ctx context.Context, e *ledger.Entry, m Message, attach func(context.Context, *Attachments) error) (id int64, inserted bool, err error) {
 	if m.Source != SourceEmail && m.Source != SourceWeb {
 		return 0, false, fmt.Errorf("enqueue: unknown source %q", m.Source)
 	}
@@ -155,8 +164,14 @@ func (q *Queue) EnqueueWith(ctx context.Context, m Message, attach func(context.
 		err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
 			var err error
 			id, inserted, err = enqueue(ctx, tx, m)
-			if err != nil || !inserted || attach == nil {
+			if err != nil {
 				return err
+			}
+			if err := record(ctx, tx, e, id, inserted); err != nil {
+				return err
+			}
+			if !inserted || attach == nil {
+				return nil
 			}
 			return attach(ctx, &Attachments{tx: tx, messageID: id})
 		})
@@ -211,6 +226,40 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 		return 0, false, fmt.Errorf("look up queued message: %w", err)
 	}
 	return id, false, nil
+}
+
+// recordSQL appends the feed's change for a message just inserted ($3)
+// and, for a delivery ($2 not null), writes its ledger row, with the
+// ledger's fragments. It runs in the enqueue's transaction after the
+// insert: the message, its change and its event's row commit together.
+// The change leaves out the bodies and the content hash: the app reads a
+// message by its id (the change's subject), and the feed stays small.
+const recordSQL = `
+WITH old(j) AS (SELECT NULL::jsonb WHERE false),
+new(kind, subject, customer, event_id, j) AS (
+    SELECT '` + ledger.KindSupportMessage + `', m.id::text, NULL::text, $2::text,
+        to_jsonb(m) - '{text_body,html_body,content_hash}'::text[]
+    FROM support_messages m WHERE m.id = $1::bigint AND $3::boolean
+), judged(provider, event_id, event_type, subject, outcome) AS (
+    VALUES ($4::text, $2::text, $5::text, $1::bigint::text,
+        CASE WHEN $3::boolean THEN 'applied' ELSE 'unchanged' END)
+),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
+SELECT`
+
+// record runs recordSQL when there is something to write: a new message
+// (its change), or a delivery (its ledger row).
+func record(ctx context.Context, tx pgx.Tx, e *ledger.Entry, id int64, inserted bool) error {
+	if e == nil && !inserted {
+		return nil
+	}
+	var provider, eventID, eventType *string
+	if e != nil {
+		provider, eventID, eventType = &e.Provider, &e.EventID, nullString(e.Type)
+	}
+	if _, err := tx.Exec(ctx, recordSQL, id, eventID, inserted, provider, eventType); err != nil {
+		return fmt.Errorf("record message %d: %w", id, err)
+	}
+	return nil
 }
 
 // threadCandidates lists the Message-IDs m answers, most direct first: those

@@ -27,7 +27,9 @@ func (r pgbenchRun) cpuPerTx() time.Duration { return r.cpu / time.Duration(max(
 // upsertValues are the values pgbench binds for the upsert's parameters, by
 // number, as the service binds them for the fixture. $1 and $7, the
 // subscription and event ids, are left out: pgbench draws them at random
-// per transaction, so that each is a new row.
+// per transaction, so that each is a new row; $26 and $27 (the event
+// behind the change, and the ledger row's event id) are the event id, as
+// on the service's fast path.
 func upsertValues() map[int]string {
 	return map[int]string{
 		2:  "cus_QmunchableCust01",
@@ -53,6 +55,7 @@ func upsertValues() map[int]string {
 		23: "{1}",
 		24: "{2025-12-01 12:00:00+00}",
 		25: "{2025-12-31 12:00:00+00}",
+		28: "customer.subscription.updated", // the ledger row's event type
 	}
 }
 
@@ -61,7 +64,8 @@ func upsertValues() map[int]string {
 // so the server sees the same statement).
 func pgbenchScript(sql string) string {
 	sql = regexp.MustCompile(`\$([0-9]+)`).ReplaceAllString(strings.TrimSpace(sql), ":p$1")
-	return "\\set p1 random(1, 999999999999)\n\\set p7 random(1, 999999999999)\n" + sql + ";\n"
+	return "\\set p1 random(1, 999999999999)\n\\set p7 random(1, 999999999999)\n" +
+		"\\set p26 :p7\n\\set p27 :p7\n" + sql + ";\n"
 }
 
 // pgbench runs the upsert sql in benchDB for d on o.concurrency

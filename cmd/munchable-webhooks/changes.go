@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
+)
+
+const changesUsage = `usage: munchable-webhooks changes tail [--after CURSOR] [--follow]
+
+Prints the change feed (changes in DATABASE_URL) as JSON lines on stdout, in
+the order a consumer must handle them, each with the cursor that resumes
+just after it. A change whose transaction commits late is never skipped:
+the feed is read only as far as no running transaction can still add to
+it (docs/APP.md). When it stops (all read, or with --follow on SIGINT or
+SIGTERM), the cursor to resume from is the last line on stderr:
+
+  cursor c1.742.0.0
+
+Without --after it starts at the oldest change kept (EVENTS_RETENTION).
+--follow keeps reading as changes commit: LISTEN munchable_changes rings it,
+and it polls every second for what no notification announces.`
+
+// changesPoll is how often tail --follow reads without a notification:
+// a change waiting behind an older transaction that changed nothing is
+// announced by none.
+const changesPoll = time.Second
+
+type changesConfig struct {
+	DatabaseURL secret `env:"DATABASE_URL"`
+}
+
+func (c *changesConfig) validate() []error {
+	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
+		return []error{errors.New("DATABASE_URL is required")}
+	}
+	return nil
+}
+
+func changes(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	top := newCommand("changes", changesUsage, stdout, stderr)
+	if len(args) == 0 {
+		return top.misuse("want a command")
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		top.printUsage(stdout)
+		return flag.ErrHelp
+	case "tail":
+	default:
+		return top.misuse("unknown command %q", args[0])
+	}
+	cmd := newCommand("changes tail", changesUsage, stdout, stderr)
+	after := cmd.flags.String("after", "", "resume after this cursor (printed by an earlier tail)")
+	follow := cmd.flags.Bool("follow", false, "keep reading as changes commit, until SIGINT or SIGTERM")
+	if _, err := cmd.parse(args[1:], 0); err != nil {
+		return err
+	}
+	cursor, err := ledger.ParseCursor(*after)
+	if err != nil {
+		return cmd.misuse("--after: %v", err)
+	}
+	cfg, err := parseEnv[changesConfig](environ)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enc := json.NewEncoder(stdout)
+	cursor, err = ledger.New(pool, 0).Tail(ctx, cursor, *follow, changesPoll, func(c ledger.Change) error {
+		return enc.Encode(c)
+	})
+	fmt.Fprintf(stderr, "cursor %s\n", cursor)
+	return err
+}

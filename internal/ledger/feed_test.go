@@ -1,0 +1,390 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
+)
+
+// A store in miniature, built as the real ones are: the subject's lock
+// first (so the statement's snapshot, which old reads, comes after the
+// previous writer's commit), then the guarded write with the feed's
+// fragment after it.
+const (
+	testLockSQL  = `SELECT pg_advisory_xact_lock(hashtext('customer_features'), hashtext($1))`
+	testWriteSQL = `
+WITH old(j) AS (
+    SELECT to_jsonb(f) - '{updated_at,last_event_id,last_event_created}'::text[]
+    FROM customer_features f WHERE stripe_customer_id = $1
+), up AS (
+    INSERT INTO customer_features AS f (stripe_customer_id, lookup_keys, complete,
+        last_event_id, last_event_created, updated_at)
+    VALUES ($1, $2, true, $3, now(), now())
+    ON CONFLICT (stripe_customer_id) DO UPDATE SET
+        lookup_keys = EXCLUDED.lookup_keys, last_event_id = EXCLUDED.last_event_id,
+        last_event_created = EXCLUDED.last_event_created, updated_at = EXCLUDED.updated_at
+    RETURNING f.*
+), new(kind, subject, customer, event_id, j) AS (
+    SELECT 'customer_features', u.stripe_customer_id, u.stripe_customer_id, $3::text,
+        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
+    FROM up u
+), judged(provider, event_id, event_type, subject, outcome) AS (
+    SELECT 'stripe', $3::text, 'test', $1::text,
+        CASE WHEN s.last_event_id = $3 THEN 'unchanged' ELSE 'applied' END
+    FROM up LEFT JOIN customer_features s ON s.stripe_customer_id = $1
+),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
+SELECT (SELECT id FROM appended)`
+)
+
+type execer interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// write sets customer's features to keys as event eventID, in q (a pool:
+// its own implicit transaction; or an open transaction), and returns the
+// change's id, 0 for none.
+func write(t *testing.T, q execer, customer, eventID string, keys ...string) int64 {
+	t.Helper()
+	if keys == nil {
+		keys = []string{}
+	}
+	b := &pgx.Batch{}
+	b.Queue(testLockSQL, customer)
+	b.Queue(testWriteSQL, customer, keys, eventID)
+	br := q.SendBatch(context.Background(), b)
+	var id *int64
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&id)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("write %s: %v", eventID, err)
+	}
+	if id == nil {
+		return 0
+	}
+	return *id
+}
+
+func begin(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// consumer reads the feed as an app does, remembering only its cursor.
+type consumer struct {
+	pool    *pgxpool.Pool
+	cursor  ledger.Cursor
+	seen    []int64
+	changes []ledger.Change
+	page    int
+}
+
+func (c *consumer) read(t *testing.T) []ledger.Change {
+	t.Helper()
+	var got []ledger.Change
+	for {
+		page, next, err := ledger.Read(context.Background(), c.pool, c.cursor, c.page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, page...)
+		for _, ch := range page {
+			c.seen = append(c.seen, ch.ID)
+			c.changes = append(c.changes, ch)
+		}
+		c.cursor = next
+		if len(page) < c.page {
+			return got
+		}
+	}
+}
+
+// until reads until the consumer has seen n changes in all. Tests of
+// other packages share the server, and any transaction of theirs that is
+// running holds the horizon back, so "eventually" is what can be asserted.
+func (c *consumer) until(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.seen) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("saw %v after 20s, want %d changes", c.seen, n)
+		}
+		c.read(t)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLateCommitIsNotSkipped is the feed's reason to exist: a transaction
+// that drew its id (and txid) first but commits last is neither skipped
+// nor read twice, and a newer change is held back until it commits.
+func TestLateCommitIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	for _, page := range []int{1, 500} {
+		t.Run("page "+strconv.Itoa(page), func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.NewPool(t)
+			c := &consumer{pool: pool, page: page}
+
+			old := begin(t, pool)
+			older := write(t, old, "cus_old", "evt_old", "a") // holds the older txid, open
+
+			newer := write(t, pool, "cus_new", "evt_new", "b") // commits
+			if older == 0 || newer == 0 || newer <= older {
+				t.Fatalf("ids %d, %d: want the open transaction's first", older, newer)
+			}
+			// However long we wait, the newer change stays below no
+			// horizon while the older transaction runs.
+			for range 5 {
+				if got := c.read(t); len(got) > 0 {
+					t.Fatalf("read %v while an older transaction was open", got)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err := old.Commit(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			c.until(t, 2)
+			time.Sleep(50 * time.Millisecond)
+			c.read(t) // nothing more: each change exactly once
+			if diff := cmp.Diff([]int64{older, newer}, c.seen); diff != "" {
+				t.Errorf("changes read (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSameRowInCommitOrder: two transactions on one row whose txids are
+// in the opposite order of their commits (the one that began writing
+// first waited for the row) reach the consumer in commit order, each
+// change's before the previous one's after.
+func TestSameRowInCommitOrder(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	write(t, pool, "cus_1", "evt_0", "a")
+
+	first := begin(t, pool) // gets the older txid from an unrelated write
+	if _, err := first.Exec(ctx, `INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at) VALUES ('test', 'x', 'applied', 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+	second := begin(t, pool)
+	secondID := write(t, second, "cus_1", "evt_2", "c") // holds the row
+	done := make(chan int64)
+	go func() {
+		// Waits for second's lock; t.Fatal is not for goroutines.
+		b := &pgx.Batch{}
+		b.Queue(testLockSQL, "cus_1")
+		b.Queue(testWriteSQL, "cus_1", []string{"b"}, "evt_1")
+		br := first.SendBatch(ctx, b)
+		var id int64
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&id)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = first.Commit(ctx)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+		done <- id
+	}()
+	time.Sleep(100 * time.Millisecond) // let first block on the lock
+	if err := second.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	firstID := <-done
+
+	var firstTx, secondTx uint64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT txid::text::bigint FROM changes WHERE id = $1), (SELECT txid::text::bigint FROM changes WHERE id = $2)`, firstID, secondID).Scan(&firstTx, &secondTx); err != nil {
+		t.Fatal(err)
+	}
+	if firstTx >= secondTx {
+		t.Fatalf("txids %d, %d: the test did not set up the inverted order", firstTx, secondTx)
+	}
+	c := &consumer{pool: pool, page: 500}
+	c.until(t, 3)
+	var keys [][2]string
+	for _, ch := range c.changes {
+		keys = append(keys, [2]string{string(ch.Before), string(ch.After)})
+	}
+	want := [][2]string{
+		{"", `{"complete": true, "lookup_keys": ["a"], "stripe_customer_id": "cus_1"}`},
+		{`{"lookup_keys": ["a"]}`, `{"lookup_keys": ["c"]}`}, // second committed first
+		{`{"lookup_keys": ["c"]}`, `{"lookup_keys": ["b"]}`},
+	}
+	if diff := cmp.Diff(want, keys); diff != "" {
+		t.Errorf("changes in feed order, before and after (-want +got):\n%s", diff)
+	}
+}
+
+// TestNotifyOnCommitOnly: the doorbell rings with the change's id when its
+// transaction commits, not before, and never for a rollback.
+func TestNotifyOnCommitOnly(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	listener, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = listener.Exec(context.Background(), "UNLISTEN *")
+		listener.Release()
+	})
+	if _, err := listener.Exec(ctx, "LISTEN "+ledger.Channel); err != nil {
+		t.Fatal(err)
+	}
+	wait := func(d time.Duration) (string, bool) {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		n, err := listener.Conn().WaitForNotification(ctx)
+		if err != nil {
+			return "", false
+		}
+		return n.Payload, true
+	}
+
+	rolled := begin(t, pool)
+	write(t, rolled, "cus_1", "evt_r", "x")
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q before commit", p)
+	}
+	if err := rolled.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q for a rollback", p)
+	}
+
+	tx := begin(t, pool)
+	id := write(t, tx, "cus_1", "evt_c", "y")
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q before commit", p)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := wait(5 * time.Second)
+	if !ok || p != strconv.FormatInt(id, 10) {
+		t.Fatalf("after commit: notified %q, %v; want %d", p, ok, id)
+	}
+	// Two at once: the second finds the doorbell's gate held and appends
+	// silently; the first rings at its commit, and a consumer reading then
+	// or at its next poll has both.
+	a, b := begin(t, pool), begin(t, pool)
+	idA := write(t, a, "cus_a", "evt_a", "1")
+	idB := write(t, b, "cus_b", "evt_b", "1")
+	if err := b.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q for a change appended while the gate was held", p)
+	}
+	if err := a.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := wait(5 * time.Second); !ok || p != strconv.FormatInt(idA, 10) {
+		t.Fatalf("after the gate holder's commit: notified %q, %v; want %d", p, ok, idA)
+	}
+	c := &consumer{pool: pool, page: 10}
+	c.until(t, 3)
+	if got := c.seen[len(c.seen)-2:]; got[0] != idA || got[1] != idB {
+		t.Errorf("consumer read %v, want ... %d, %d", c.seen, idA, idB)
+	}
+
+	// A write that changes nothing appends nothing and rings nothing.
+	if got := write(t, pool, "cus_1", "evt_d", "y"); got != 0 {
+		t.Errorf("unchanged write appended change %d", got)
+	}
+	if p, ok := wait(200 * time.Millisecond); ok {
+		t.Fatalf("notified %q for no change", p)
+	}
+}
+
+// TestTailFollow: tail with follow delivers what is there, then what
+// commits later, and returns the cursor to resume from.
+func TestTailFollow(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	first := write(t, pool, "cus_1", "evt_1", "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan ledger.Change, 10)
+	ended := make(chan ledger.Cursor)
+	go func() {
+		c, err := ledger.New(pool, 0).Tail(ctx, ledger.Cursor{}, true, 100*time.Millisecond, func(ch ledger.Change) error {
+			got <- ch
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		ended <- c
+	}()
+	recv := func() ledger.Change {
+		select {
+		case ch := <-got:
+			return ch
+		case <-time.After(20 * time.Second):
+			t.Fatal("no change within 20s")
+		}
+		return ledger.Change{}
+	}
+	if ch := recv(); ch.ID != first {
+		t.Fatalf("first change %d, want %d", ch.ID, first)
+	}
+	second := write(t, pool, "cus_1", "evt_2", "b")
+	last := recv()
+	if last.ID != second {
+		t.Fatalf("second change %d, want %d", last.ID, second)
+	}
+	var after map[string]any
+	if err := json.Unmarshal(last.After, &after); err != nil || after["lookup_keys"] == nil {
+		t.Errorf("after = %s, %v", last.After, err)
+	}
+	cancel()
+	c := <-ended
+	// Resuming from the returned cursor reads nothing twice.
+	page, _, err := ledger.Read(context.Background(), pool, c, 10)
+	if err != nil || len(page) != 0 {
+		t.Errorf("resumed: %v, %v; want nothing", page, err)
+	}
+}
+
+func TestCursorRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, c := range []ledger.Cursor{{}, {Lo: 5}, {Lo: 5, Hi: 9, Last: 123}} {
+		got, err := ledger.ParseCursor(c.String())
+		if err != nil || got != c {
+			t.Errorf("ParseCursor(%q) = %v, %v", c, got, err)
+		}
+	}
+	for _, s := range []string{"x", "c1.1.2", "c2.1.2.3", "c1.9.2.3", "c1.a.0.0"} {
+		if _, err := ledger.ParseCursor(s); !errors.Is(err, ledger.ErrCursor) {
+			t.Errorf("ParseCursor(%q) = %v, want ErrCursor", s, err)
+		}
+	}
+}

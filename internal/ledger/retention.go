@@ -1,0 +1,120 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// trimBatch is how many rows one DELETE removes: small enough that each
+// statement holds its locks and its share of the disk for milliseconds,
+// so deliveries running beside it keep their latency.
+const trimBatch = 1000
+
+// trimLockSQL lets one replica trim at a time. The lock is a transaction
+// lock taken per batch, so it can never outlive a connection handed back
+// to the pool, and a replica that finds it held skips its pass: the
+// holder is doing the work. The key is this service's own: hashtext of
+// the tables' names.
+const trimLockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('webhook_events'), hashtext('changes'))`
+
+// The trims go by the indexes on first_seen_at and at, in batches named
+// by id: the oldest rows first, none twice.
+const (
+	trimEventsSQL = `
+DELETE FROM webhook_events WHERE id IN (
+    SELECT id FROM webhook_events WHERE first_seen_at < $1
+    ORDER BY first_seen_at LIMIT $2)`
+	trimChangesSQL = `
+DELETE FROM changes WHERE id IN (
+    SELECT id FROM changes WHERE at < $1
+    ORDER BY at LIMIT $2)`
+)
+
+// errLockHeld: another replica is trimming.
+var errLockHeld = errors.New("another replica holds the trim lock")
+
+// Trim deletes the rows of webhook_events and changes older than
+// retention, trimBatch at a time, pausing between batches as long as the
+// batch took (so it takes at most about half of one core), and returns how
+// many it deleted. It returns early, with no error, when another replica
+// is trimming.
+func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, changes int64, err error) {
+	cutoff := time.Now().Add(-retention)
+	for _, t := range []struct {
+		sql string
+		n   *int64
+	}{{trimEventsSQL, &events}, {trimChangesSQL, &changes}} {
+		for {
+			start := time.Now()
+			n, err := l.trimBatch(ctx, t.sql, cutoff)
+			*t.n += n
+			if errors.Is(err, errLockHeld) {
+				return events, changes, nil
+			}
+			if err != nil {
+				return events, changes, err
+			}
+			if n < trimBatch {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return events, changes, ctx.Err()
+			case <-time.After(time.Since(start)):
+			}
+		}
+	}
+	return events, changes, nil
+}
+
+func (l *Ledger) trimBatch(ctx context.Context, sql string, cutoff time.Time) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		var got bool
+		if err := tx.QueryRow(ctx, trimLockSQL).Scan(&got); err != nil {
+			return err
+		}
+		if !got {
+			return errLockHeld
+		}
+		tag, err := tx.Exec(ctx, sql, cutoff, trimBatch)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil && !errors.Is(err, errLockHeld) {
+		return 0, fmt.Errorf("trim ledger: %w", err)
+	}
+	return n, err
+}
+
+// RunRetention trims every interval until ctx ends, and returns then: the
+// caller owns the goroutine and waits for it. retention 0 keeps every row
+// (it returns at once).
+func (l *Ledger) RunRetention(ctx context.Context, retention, interval time.Duration, logger *slog.Logger) {
+	if retention <= 0 {
+		return
+	}
+	for {
+		start := time.Now()
+		events, changes, err := l.Trim(ctx, retention)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			logger.Error("ledger retention failed", "err", err)
+		case events+changes > 0:
+			logger.Info("ledger retention", "events_deleted", events, "changes_deleted", changes,
+				"took_ms", time.Since(start).Milliseconds())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
