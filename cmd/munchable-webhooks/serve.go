@@ -426,24 +426,43 @@ func openRedis(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 	if err != nil {
 		return nil, errors.New("REDIS_URL is invalid: " + redisURLForms) // the error would echo the URL
 	}
-	switch {
-	case target.failover != nil:
-		return newFailoverClient(target.failover, timeout), nil
-	case target.cluster != nil:
-		return newClusterClient(target.cluster, timeout), nil
-	}
-	o := target.single
-	rdb := newSingleClient(o, timeout)
-	if isClusterNode(rdb, timeout) {
-		_ = rdb.Close()
-		return newClusterClient(&redis.ClusterOptions{
-			Addrs:     []string{o.Addr},
-			Username:  o.Username,
-			Password:  o.Password,
-			TLSConfig: o.TLSConfig,
-		}, timeout), nil
+	uo := target.universal()
+	rdb := newRedisClient(uo, timeout)
+	if target.single != nil {
+		if node, ok := rdb.(*redis.Client); ok && isClusterNode(node, timeout) {
+			_ = rdb.Close()
+			uo.IsClusterMode = true
+			rdb = newRedisClient(uo, timeout)
+		}
 	}
 	return rdb, nil
+}
+
+// universal is the target as go-redis's one options type: where it names
+// a primary's sentinels, a cluster, or one node.
+func (t redisTarget) universal() *redis.UniversalOptions {
+	switch {
+	case t.failover != nil:
+		o := t.failover
+		return &redis.UniversalOptions{
+			MasterName: o.MasterName, Addrs: o.SentinelAddrs,
+			SentinelUsername: o.SentinelUsername, SentinelPassword: o.SentinelPassword,
+			Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLSConfig,
+			ClientName: o.ClientName, Protocol: o.Protocol,
+		}
+	case t.cluster != nil:
+		o := t.cluster
+		return &redis.UniversalOptions{
+			Addrs: o.Addrs, Username: o.Username, Password: o.Password,
+			TLSConfig: o.TLSConfig, ClientName: o.ClientName, Protocol: o.Protocol,
+			IsClusterMode: true,
+		}
+	}
+	o := t.single
+	return &redis.UniversalOptions{
+		Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password,
+		DB: o.DB, TLSConfig: o.TLSConfig, ClientName: o.ClientName, Protocol: o.Protocol,
+	}
 }
 
 // isClusterNode asks a node whether it runs in cluster mode.
@@ -454,9 +473,9 @@ func isClusterNode(rdb *redis.Client, timeout time.Duration) bool {
 	return err == nil && strings.Contains(info, "cluster_enabled:1")
 }
 
-// The settings below hold for every form. Every call is bounded by
-// REDIS_TIMEOUT and never retried: a slow Redis must degrade a delivery
-// quickly, not multiply its wait.
+// newRedisClient is the client of every form, with the settings below.
+// Every call is bounded by REDIS_TIMEOUT and never retried: a slow Redis
+// must degrade a delivery quickly, not multiply its wait.
 //
 // go-redis also retries a failed dial (5 times, 100 ms apart, by default),
 // which made each delivery wait ~250-400 ms while Redis was down. One
@@ -468,60 +487,28 @@ func isClusterNode(rdb *redis.Client, timeout time.Duration) bool {
 // in flight that was 4 MiB, most of the heap (heap profile under 64
 // concurrent duplicates). 1 KiB holds any claim command or reply; a bigger
 // reply just takes more reads.
-const (
-	redisPoolSize     = 64
-	redisMinIdleConns = 4
-	redisBufferSize   = 1 << 10
-)
-
-func newSingleClient(o *redis.Options, timeout time.Duration) *redis.Client {
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
-	o.ContextTimeoutEnabled = true
-	o.MaxRetries = -1
-	o.DialerRetries = 1
-	o.PoolSize = redisPoolSize
-	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
-	o.MinIdleConns = redisMinIdleConns
-	o.DisableIdentity = true
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewClient(o)
-}
-
-// newFailoverClient follows the primary that the sentinels name, and moves
-// to the new one when they announce a switch.
-func newFailoverClient(o *redis.FailoverOptions, timeout time.Duration) *redis.Client {
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
-	o.ContextTimeoutEnabled = true
-	o.MaxRetries = -1
-	o.DialerRetries = 1
-	o.PoolSize = redisPoolSize
-	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
-	o.MinIdleConns = redisMinIdleConns
-	o.DisableIdentity = true
-	return redis.NewFailoverClient(o)
-}
-
-// newClusterClient follows the cluster's slot map. Each node's client
-// never retries (MaxRetries -1), but the cluster client's own loop runs
-// MaxRedirects+1 times and spends its extra turns both on MOVED/ASK
-// redirects and on repeating a command after a network error (go-redis
-// osscluster.go, process): -1 would leave no turn for a redirect, so a
-// resharded or failed-over slot would fail every claim. One turn follows
-// one redirect, or repeats a command once, inside the same REDIS_TIMEOUT
-// deadline. A repeated claim script finds its own processing claim and
-// answers in progress (409), never a wrong 2xx.
-func newClusterClient(o *redis.ClusterOptions, timeout time.Duration) *redis.ClusterClient {
+//
+// A cluster client's nodes never retry either (MaxRetries -1), but the
+// cluster client's own loop runs MaxRedirects+1 times and spends its extra
+// turns both on MOVED/ASK redirects and on repeating a command after a
+// network error (go-redis osscluster.go, process): -1 would leave no turn
+// for a redirect, so a resharded or failed-over slot would fail every
+// claim. One turn follows one redirect, or repeats a command once, inside
+// the same REDIS_TIMEOUT deadline. A repeated claim script finds its own
+// processing claim and answers in progress (409), never a wrong 2xx. The
+// other forms do not read MaxRedirects.
+func newRedisClient(o *redis.UniversalOptions, timeout time.Duration) redis.UniversalClient {
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = -1
 	o.MaxRedirects = 1
 	o.DialerRetries = 1
-	o.PoolSize = redisPoolSize
-	o.ReadBufferSize, o.WriteBufferSize = redisBufferSize, redisBufferSize
-	o.MinIdleConns = redisMinIdleConns
+	o.PoolSize = 64
+	o.ReadBufferSize, o.WriteBufferSize = 1<<10, 1<<10
+	o.MinIdleConns = 4
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewClusterClient(o)
+	return redis.NewUniversalClient(o)
 }
 
 // redisLogger routes go-redis's own lines (pool and dial trouble) into JSON
