@@ -70,9 +70,8 @@ func parseEvents(args []string, stdout, stderr io.Writer) (eventsRequest, error)
 		return req, err
 	}
 	if want == 2 {
-		req.provider, req.eventID = pos[0], pos[1]
-		if req.provider != "stripe" && req.provider != "resend" {
-			return req, cmd.misuse("provider %q: want stripe or resend", req.provider)
+		if req.provider, req.eventID, err = cmd.providerEvent(pos); err != nil {
+			return req, err
 		}
 	}
 	if req.outcome != "" && !slices.Contains(ledger.Outcomes, ledger.Outcome(req.outcome)) {

@@ -197,3 +197,13 @@ func (c *command) printUsage(w io.Writer) {
 		fmt.Fprintf(w, "\nflags:\n%s", b.String())
 	}
 }
+
+// providerEvent reads the PROVIDER ID arguments of the claims and events
+// commands.
+func (c *command) providerEvent(pos []string) (provider, eventID string, err error) {
+	provider, eventID = pos[0], pos[1]
+	if provider != "stripe" && provider != "resend" {
+		return "", "", c.misuse("provider %q: want stripe or resend", provider)
+	}
+	return provider, eventID, nil
+}
