@@ -286,9 +286,10 @@ func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Even
 }
 
 // readSQL reads a stored subscription and locks its row: a same-second
-// event is judged, and a revalidation fetched and written, while no other
-// delivery for the subscription can write it. So two revalidations commit
-// in the order they read from Stripe.
+// event is judged, and a revalidation written, while no other delivery
+// for the subscription can write it. Stripe is read between two such
+// transactions, and what it said is written only over the row it was
+// judged against (settle).
 const readSQL = `
 SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
     cancel_at_period_end, cancel_at, canceled_at, ended_at, trial_start,
@@ -378,12 +379,15 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] 
 		}
 	}
 	if fetch != nil {
-		t.revalidate = func(ctx context.Context, tx pgx.Tx, storedID string) error {
+		t.fetch = func(ctx context.Context) (Subscription, error) {
 			fetched, err := fetch(ctx, sub.ID)
 			if err != nil {
-				return fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
+				return Subscription{}, fmt.Errorf("revalidate %s for %s: %w", sub.ID, ev.ID, err)
 			}
-			_, err = write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
+			return fetched, nil
+		}
+		t.writeFetched = func(ctx context.Context, tx pgx.Tx, fetched Subscription, storedID string) error {
+			_, err := write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
 			return err
 		}
 	}

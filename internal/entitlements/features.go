@@ -166,12 +166,15 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 		}
 	}
 	if list != nil {
-		t.revalidate = func(ctx context.Context, tx pgx.Tx, storedID string) error {
+		t.fetch = func(ctx context.Context) (Features, error) {
 			keys, err := list(ctx, f.CustomerID)
 			if err != nil {
-				return fmt.Errorf("revalidate features of %s for %s: %w", f.CustomerID, ev.ID, err)
+				return Features{}, fmt.Errorf("revalidate features of %s for %s: %w", f.CustomerID, ev.ID, err)
 			}
-			_, err = writeFeatures(ctx, tx, Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
+			return Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, nil
+		}
+		t.writeFetched = func(ctx context.Context, tx pgx.Tx, fetched Features, storedID string) error {
+			_, err := writeFeatures(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -124,20 +125,73 @@ type tie[S any] struct {
 	before func(stored S) ([]Field, error)
 	// write stores the event's state as the successor of the stored event.
 	write writeFunc
-	// revalidate reads the state from Stripe and stores it as the
-	// successor of the stored event; nil without an API.
-	revalidate writeFunc
+	// fetch reads the state from Stripe, to settle an unordered event;
+	// nil without an API. writeFetched stores what it read as the
+	// successor of the stored event.
+	fetch        func(ctx context.Context) (S, error)
+	writeFetched func(ctx context.Context, tx pgx.Tx, fetched S, storedID string) error
 }
 
 // writeFunc writes inside settle's transaction, naming the stored event
 // the write succeeds.
 type writeFunc func(ctx context.Context, tx pgx.Tx, storedID string) error
 
+// settleAttempts bounds settle's transactions: an unordered event takes
+// two (judge, then write what Stripe said), and one more pair each time
+// the row moves while Stripe is being read.
+const settleAttempts = 6
+
+// errMoved: the row changed while Stripe was being read; judge again.
+var errMoved = errors.New("row changed while Stripe was read")
+
 // settle judges t under the row's lock and carries out the verdict in the
-// same transaction: the read, any call to Stripe and the write happen
-// while no other delivery can write the row, so two revalidations commit
-// in the order they read.
-func settle[S any](ctx context.Context, s *Store, t tie[S]) (res Result, err error) {
+// same transaction. An unordered event with an API to ask is settled in
+// two steps, so that no transaction is open while Stripe answers: the
+// first transaction judges it and ends; Stripe is read with no connection
+// held; a second transaction locks the row again and writes what was read
+// only if the row still holds the state it was judged against. If another
+// delivery wrote the row in between (possibly a newer state than the one
+// read), the event is judged afresh against that row, so a state read
+// earlier never overwrites one written later.
+func settle[S any](ctx context.Context, s *Store, t tie[S]) (Result, error) {
+	var fetched *fetchedState[S]
+	for range settleAttempts {
+		res, err := settleOnce(ctx, s, t, fetched)
+		var need *needFetch
+		switch {
+		case errors.Is(err, errMoved):
+			fetched = nil
+			continue
+		case errors.As(err, &need):
+			state, err := t.fetch(ctx)
+			if err != nil {
+				return Result{}, err
+			}
+			fetched = &fetchedState[S]{state: state, against: need.storedID}
+			continue
+		}
+		return res, err
+	}
+	return Result{}, fmt.Errorf("apply %s: %w, %d times", t.eventID, errMoved, settleAttempts)
+}
+
+// fetchedState is a state read from Stripe for an unordered event, and the
+// stored event it was judged against.
+type fetchedState[S any] struct {
+	state   S
+	against string
+}
+
+// needFetch: the event is unordered and Stripe can be asked; the
+// transaction that judged it has ended.
+type needFetch struct{ storedID string }
+
+func (n *needFetch) Error() string { return "unordered: read Stripe, then judge again" }
+
+// settleOnce is one transaction of settle: judge under the row's lock,
+// then carry out the verdict, writing fetched (when the verdict is
+// unordered and the row is still the one it was judged against).
+func settleOnce[S any](ctx context.Context, s *Store, t tie[S], fetched *fetchedState[S]) (res Result, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("apply %s: %w", t.eventID, err)
@@ -163,8 +217,27 @@ func settle[S any](ctx context.Context, s *Store, t tie[S]) (res Result, err err
 		}
 		res.Verdict, res.Differs = order(f)
 	}
-	if err := s.carryOut(ctx, tx, t.write, t.revalidate, st.eventID, &res); err != nil {
-		return Result{}, err
+	switch res.Verdict {
+	case Stale:
+		s.stale.Inc()
+	case Applied:
+		if err := t.write(ctx, tx, st.eventID); err != nil {
+			return Result{}, err
+		}
+	case Unordered:
+		switch {
+		case t.fetch == nil:
+			s.unordered.Inc()
+		case fetched == nil:
+			return Result{}, &needFetch{storedID: st.eventID}
+		case fetched.against != st.eventID:
+			return Result{}, errMoved
+		default:
+			if err := t.writeFetched(ctx, tx, fetched.state, st.eventID); err != nil {
+				return Result{}, err
+			}
+			res.Verdict = Revalidated
+		}
 	}
 	if err := ledger.Record(ctx, tx, t.entry, t.subject, ledgerOutcome(res.Verdict)); err != nil {
 		return Result{}, err
@@ -173,27 +246,6 @@ func settle[S any](ctx context.Context, s *Store, t tie[S]) (res Result, err err
 		return Result{}, fmt.Errorf("apply %s: %w", t.eventID, err)
 	}
 	return res, nil
-}
-
-// carryOut does what res's verdict says, and turns Unordered into
-// Revalidated when Stripe could be asked.
-func (s *Store) carryOut(ctx context.Context, tx pgx.Tx, write, revalidate writeFunc, storedID string, res *Result) error {
-	switch res.Verdict {
-	case Stale:
-		s.stale.Inc()
-	case Applied:
-		return write(ctx, tx, storedID)
-	case Unordered:
-		if revalidate == nil {
-			s.unordered.Inc()
-			return nil
-		}
-		if err := revalidate(ctx, tx, storedID); err != nil {
-			return err
-		}
-		res.Verdict = Revalidated
-	}
-	return nil
 }
 
 // ledgerOutcome spells a verdict as the ledger does: a state read from Stripe
