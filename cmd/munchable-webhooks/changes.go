@@ -42,7 +42,7 @@ type changesConfig struct {
 
 func (c *changesConfig) validate() []error {
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
-		return []error{errors.New("DATABASE_URL is required")}
+		return []error{errors.New("DATABASE_URL is required: " + wantDatabaseURL)}
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func (c *ledgerConfig) validate() []error {
 	var p []error
 	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
-		add("DATABASE_URL is required")
+		add("DATABASE_URL is required: %s", wantDatabaseURL)
 	}
 	c.check(add)
 	return p

@@ -117,7 +117,7 @@ func (c *stripeConfig) validate() []error {
 	var p []error
 	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
 	if strings.TrimSpace(string(c.DatabaseURL)) == "" {
-		add("DATABASE_URL is required")
+		add("DATABASE_URL is required: %s", wantDatabaseURL)
 	}
 	if strings.TrimSpace(string(c.StripeAPIKey)) == "" {
 		add("STRIPE_API_KEY is required: a restricted key that can read subscriptions, events, entitlements and checkout sessions")
