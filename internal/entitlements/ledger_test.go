@@ -271,6 +271,7 @@ func TestSubscriptionChangeIsTheRowsDiff(t *testing.T) {
 		{"item's product and key to null", func(s *Subscription) { s.Items[0].ProductID, s.Items[0].PriceLookupKey = "", "" }},
 		{"item's period to null", func(s *Subscription) { s.Items[0].CurrentPeriodEnd = time.Time{} }},
 		{"items emptied", func(s *Subscription) { s.Items = nil }},
+		{"still no items, status moved", func(s *Subscription) { s.Status = "past_due" }},
 		{"items back, status too", func(s *Subscription) { s.Items = base("").Items; s.Status = "trialing" }},
 		{"price to null, pause set", func(s *Subscription) { s.PriceID = ""; s.PauseCollection = "keep_as_draft" }},
 		{"metadata emptied", func(s *Subscription) { s.Metadata = map[string]string{} }},
@@ -284,7 +285,7 @@ func TestSubscriptionChangeIsTheRowsDiff(t *testing.T) {
 		if i > 0 {
 			sub = change(sub, st.f)
 		}
-		var before, after []byte
+		var before, after *string
 		if err := pool.QueryRow(ctx, rowJSONSQL, sub.ID).Scan(&before); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatalf("%s: %v", st.name, err)
 		}
