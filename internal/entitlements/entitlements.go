@@ -92,23 +92,36 @@ const ApplySQL = applySQL
 // The ledger and the feed ride in the same statement (internal/ledger's
 // fragments): old is the row and its items as the snapshot shows them,
 // which the lock taken before this statement makes the committed state;
-// new is what up wrote, with the items from the parameters in the same
-// JSON shape; judged is the fast path's verdict, as fast reads it, or
-// NULL for a tie (settle records it). $26 is the event behind the change
-// (the event, or a snapshot's id); $27 and $28 the ledger row's event id
-// and type, NULL when this statement records none.
+// judged and the last SELECT read it too, rather than look the row up
+// again. change is the feed's row, worked out column by column rather than
+// by diffing the row's JSON (ledger.AppendCTE), which cost as much as both
+// inserts (docs/PERFORMANCE.md); TestSubscriptionChangeIsTheRowsDiff holds
+// it to that diff:
+//   - same lists the fields that did not move (IS NOT DISTINCT FROM, which
+//     is what comparing their JSON said, NULLs included); before and after
+//     are the whole row's fields less those. A new row has no before, and
+//     its after is every field, nulls included.
+//   - the items are compared as one array of rows, the stored ones (old)
+//     against the parameters' (record comparison treats NULLs as equal),
+//     and their JSON is built only when they differ or the row is new.
+//   - the row's fields come from up (what was written), typed, never from
+//     the parameters.
+//
+// judged is the fast path's verdict, as fast reads it, or NULL for a tie
+// (settle records it). $26 is the event behind the change (the event, or a
+// snapshot's id); $27 and $28 the ledger row's event id and type, NULL
+// when this statement records none.
 const applySQL = `
-WITH old(j) AS (
-    SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created}'::text[]
-        || jsonb_build_object('items', coalesce((
-            SELECT jsonb_agg(jsonb_build_object('id', i.stripe_item_id,
-                'price_id', i.price_id, 'product_id', i.product_id,
-                'price_lookup_key', i.price_lookup_key, 'quantity', i.quantity,
-                'current_period_start', i.current_period_start,
-                'current_period_end', i.current_period_end) ORDER BY i.position)
-            FROM entitlement_items i
-            WHERE i.stripe_subscription_id = s.stripe_subscription_id), '[]'))
-    FROM entitlements s WHERE s.stripe_subscription_id = $1
+WITH old AS (
+    SELECT s.*, i.items
+    FROM entitlements s
+    CROSS JOIN LATERAL (
+        SELECT coalesce(array_agg((i.stripe_item_id, i.price_id, i.product_id,
+            i.price_lookup_key, i.quantity, i.current_period_start,
+            i.current_period_end) ORDER BY i.position), '{}') AS items
+        FROM entitlement_items i
+        WHERE i.stripe_subscription_id = s.stripe_subscription_id) i
+    WHERE s.stripe_subscription_id = $1
 ), up AS (
     INSERT INTO entitlements AS e (
         stripe_subscription_id, stripe_customer_id, status, price_id,
@@ -165,10 +178,64 @@ WITH old(j) AS (
         current_period_start = EXCLUDED.current_period_start,
         current_period_end   = EXCLUDED.current_period_end,
         position             = EXCLUDED.position
-), new(kind, subject, customer, event_id, j) AS (
-    SELECT '` + ledger.KindSubscription + `', u.stripe_subscription_id, u.stripe_customer_id, $26::text,
-        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
-        || jsonb_build_object('items', coalesce((
+), cmp AS (
+    -- The written row beside what moved: the feed's change below.
+    SELECT u.*, o.stripe_subscription_id IS NOT NULL AS found,
+        o.stripe_subscription_id IS NULL OR o.items IS DISTINCT FROM ARRAY(
+            SELECT (i.id, i.price, i.product, i.lookup_key, i.quantity,
+                i.period_start, i.period_end)
+            FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
+                $24::timestamptz[], $25::timestamptz[])
+                WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
+                    period_start, period_end, position)
+            ORDER BY i.position) AS items_moved,
+        array_remove(ARRAY[
+            'stripe_subscription_id',
+            CASE WHEN o.stripe_customer_id IS NOT DISTINCT FROM u.stripe_customer_id THEN 'stripe_customer_id' END,
+            CASE WHEN o.status IS NOT DISTINCT FROM u.status THEN 'status' END,
+            CASE WHEN o.price_id IS NOT DISTINCT FROM u.price_id THEN 'price_id' END,
+            CASE WHEN o.current_period_end IS NOT DISTINCT FROM u.current_period_end THEN 'current_period_end' END,
+            CASE WHEN o.cancel_at_period_end IS NOT DISTINCT FROM u.cancel_at_period_end THEN 'cancel_at_period_end' END,
+            CASE WHEN o.cancel_at IS NOT DISTINCT FROM u.cancel_at THEN 'cancel_at' END,
+            CASE WHEN o.canceled_at IS NOT DISTINCT FROM u.canceled_at THEN 'canceled_at' END,
+            CASE WHEN o.ended_at IS NOT DISTINCT FROM u.ended_at THEN 'ended_at' END,
+            CASE WHEN o.trial_start IS NOT DISTINCT FROM u.trial_start THEN 'trial_start' END,
+            CASE WHEN o.trial_end IS NOT DISTINCT FROM u.trial_end THEN 'trial_end' END,
+            CASE WHEN o.pause_collection IS NOT DISTINCT FROM u.pause_collection THEN 'pause_collection' END,
+            CASE WHEN o.access_ends_at IS NOT DISTINCT FROM u.access_ends_at THEN 'access_ends_at' END,
+            CASE WHEN o.livemode IS NOT DISTINCT FROM u.livemode THEN 'livemode' END,
+            CASE WHEN o.metadata IS NOT DISTINCT FROM u.metadata THEN 'metadata' END], NULL) AS same
+    FROM up u LEFT JOIN old o ON true
+), change(kind, subject, customer, event_id, before, after) AS (
+    SELECT '` + ledger.KindSubscription + `', c.stripe_subscription_id, c.stripe_customer_id, $26::text,
+        CASE WHEN c.found THEN (SELECT (jsonb_build_object(
+            'stripe_subscription_id', o.stripe_subscription_id,
+            'stripe_customer_id', o.stripe_customer_id, 'status', o.status,
+            'price_id', o.price_id, 'current_period_end', o.current_period_end,
+            'cancel_at_period_end', o.cancel_at_period_end, 'cancel_at', o.cancel_at,
+            'canceled_at', o.canceled_at, 'ended_at', o.ended_at,
+            'trial_start', o.trial_start, 'trial_end', o.trial_end,
+            'pause_collection', o.pause_collection, 'access_ends_at', o.access_ends_at,
+            'livemode', o.livemode, 'metadata', o.metadata)
+            || CASE WHEN c.items_moved THEN jsonb_build_object('items', coalesce((
+                SELECT jsonb_agg(jsonb_build_object('id', i.stripe_item_id,
+                    'price_id', i.price_id, 'product_id', i.product_id,
+                    'price_lookup_key', i.price_lookup_key, 'quantity', i.quantity,
+                    'current_period_start', i.current_period_start,
+                    'current_period_end', i.current_period_end) ORDER BY i.position)
+                FROM entitlement_items i
+                WHERE i.stripe_subscription_id = $1), '[]')) ELSE '{}' END)
+            - c.same FROM old o) END,
+        (jsonb_build_object(
+            'stripe_subscription_id', c.stripe_subscription_id,
+            'stripe_customer_id', c.stripe_customer_id, 'status', c.status,
+            'price_id', c.price_id, 'current_period_end', c.current_period_end,
+            'cancel_at_period_end', c.cancel_at_period_end, 'cancel_at', c.cancel_at,
+            'canceled_at', c.canceled_at, 'ended_at', c.ended_at,
+            'trial_start', c.trial_start, 'trial_end', c.trial_end,
+            'pause_collection', c.pause_collection, 'access_ends_at', c.access_ends_at,
+            'livemode', c.livemode, 'metadata', c.metadata)
+        || CASE WHEN c.items_moved THEN jsonb_build_object('items', coalesce((
             SELECT jsonb_agg(jsonb_build_object('id', i.id, 'price_id', i.price,
                 'product_id', i.product, 'price_lookup_key', i.lookup_key,
                 'quantity', i.quantity, 'current_period_start', i.period_start,
@@ -176,18 +243,22 @@ WITH old(j) AS (
             FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
                 $24::timestamptz[], $25::timestamptz[])
                 WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
-                    period_start, period_end, position)), '[]'))
-    FROM up u
+                    period_start, period_end, position)), '[]')) ELSE '{}' END)
+        - CASE WHEN c.found THEN c.same ELSE '{}' END
+    FROM cmp c
+    -- Nothing is appended when no field moved: same names all 15 and the
+    -- items did not move (a replay, an event that moved only bookkeeping).
+    WHERE NOT c.found OR c.items_moved OR cardinality(c.same) < 15
 ), judged(provider, event_id, event_type, subject, outcome) AS (
     SELECT 'stripe', $27::text, $28::text, $1::text, CASE
         WHEN EXISTS (SELECT FROM up) THEN
             CASE WHEN s.last_event_id = $7 THEN 'unchanged' ELSE 'applied' END
         WHEN s.last_event_created > $8 OR s.status IN ('canceled', 'incomplete_expired') THEN 'stale'
         END
-    FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1
-),` + ledger.AppendCTE + `,` + ledger.RecordCTE + `
+    FROM (SELECT) AS one LEFT JOIN old s ON true
+),` + ledger.AppendChangeCTE + `,` + ledger.RecordCTE + `
 SELECT EXISTS (SELECT FROM up), s.last_event_id, s.last_event_created, s.status
-FROM (SELECT) AS one LEFT JOIN entitlements s ON s.stripe_subscription_id = $1`
+FROM (SELECT) AS one LEFT JOIN old s ON true`
 
 // lockSQL serialises every write of one subscription, on the fast path
 // and the same-second path alike, and is taken before anything else in its

@@ -2,10 +2,13 @@ package entitlements
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -215,6 +218,121 @@ func TestFeaturesAndCheckoutFeed(t *testing.T) {
 	for id, want := range map[string]string{"evt_f0": "applied", "evt_f1": "applied", "evt_f2": "stale", "evt_c0": "applied", "evt_c1": "applied"} {
 		if got := ledgerOf(t, pool, id); got.Outcome != want {
 			t.Errorf("%s: %+v, want %s", id, got, want)
+		}
+	}
+}
+
+// rowJSONSQL is a subscription as the feed describes it: the row without
+// its bookkeeping, and its items in order, in the shape the feed's change
+// was first computed from (to_jsonb of the row).
+const rowJSONSQL = `
+SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created}'::text[]
+    || jsonb_build_object('items', coalesce((
+        SELECT jsonb_agg(jsonb_build_object('id', i.stripe_item_id,
+            'price_id', i.price_id, 'product_id', i.product_id,
+            'price_lookup_key', i.price_lookup_key, 'quantity', i.quantity,
+            'current_period_start', i.current_period_start,
+            'current_period_end', i.current_period_end) ORDER BY i.position)
+        FROM entitlement_items i
+        WHERE i.stripe_subscription_id = s.stripe_subscription_id), '[]'))
+FROM entitlements s WHERE s.stripe_subscription_id = $1`
+
+// jsonDiffSQL is the generic diff of two such rows (AppendCTE's): the keys
+// whose values differ, before and after; before null for a new row; no
+// row when nothing differs.
+const jsonDiffSQL = `
+SELECT coalesce(jsonb_object_agg(k.key, $1::jsonb -> k.key) FILTER (WHERE $1::jsonb IS NOT NULL)::text, ''),
+       coalesce(jsonb_object_agg(k.key, k.value)::text, '')
+FROM jsonb_each($2::jsonb) k
+WHERE k.value IS DISTINCT FROM $1::jsonb -> k.key`
+
+// TestSubscriptionChangeIsTheRowsDiff: applySQL works out the change
+// column by column (and the items as arrays) rather than by diffing the
+// row's JSON; for every field, items moved, added, dropped, reordered or
+// emptied, fields set to and from null, a replay and a new row, its change
+// is exactly the JSON diff of the row before and after.
+func TestSubscriptionChangeIsTheRowsDiff(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	s := NewStore(pool, prometheus.NewRegistry())
+	ctx := t.Context()
+	type step struct {
+		name string
+		f    func(*Subscription)
+	}
+	steps := []step{
+		{"new", func(*Subscription) {}},
+		{"replay", func(*Subscription) {}},
+		{"items reordered", func(s *Subscription) { s.Items[0], s.Items[1] = s.Items[1], s.Items[0] }},
+		{"item dropped", func(s *Subscription) { s.Items = s.Items[:1] }},
+		{"item added", func(s *Subscription) {
+			s.Items = append(s.Items, Item{ID: "si_new", PriceID: "price_new", Quantity: nil})
+		}},
+		{"item's product and key to null", func(s *Subscription) { s.Items[0].ProductID, s.Items[0].PriceLookupKey = "", "" }},
+		{"item's period to null", func(s *Subscription) { s.Items[0].CurrentPeriodEnd = time.Time{} }},
+		{"items emptied", func(s *Subscription) { s.Items = nil }},
+		{"still no items, status moved", func(s *Subscription) { s.Status = "past_due" }},
+		{"items back, status too", func(s *Subscription) { s.Items = base("").Items; s.Status = "trialing" }},
+		{"price to null, pause set", func(s *Subscription) { s.PriceID = ""; s.PauseCollection = "keep_as_draft" }},
+		{"metadata emptied", func(s *Subscription) { s.Metadata = map[string]string{} }},
+	}
+	for _, fc := range fieldChanges {
+		steps = append(steps, step{"field " + string(fc.field), fc.change})
+	}
+	sub := base("sub_diff")
+	appended := 0
+	for i, st := range steps {
+		if i > 0 {
+			sub = change(sub, st.f)
+		}
+		var before, after *string
+		if err := pool.QueryRow(ctx, rowJSONSQL, sub.ID).Scan(&before); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		eventID := fmt.Sprintf("evt_diff_%d", i)
+		if st.name == "replay" {
+			eventID = "evt_diff_0" // the same event again
+		}
+		created := t0.Add(time.Duration(i) * time.Minute)
+		if st.name == "replay" {
+			created = t0
+		}
+		if _, err := s.ApplySubscription(ctx, sub, Event{ID: eventID, Created: created}, nil); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if err := pool.QueryRow(ctx, rowJSONSQL, sub.ID).Scan(&after); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		var want feedRow
+		if err := pool.QueryRow(ctx, jsonDiffSQL, before, after).Scan(&want.Before, &want.After); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		// What this step appended: nothing, or the feed's newest row.
+		var got feedRow
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM changes`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > appended {
+			err := pool.QueryRow(ctx, `
+SELECT coalesce(before::text, ''), coalesce(after::text, '') FROM changes ORDER BY id DESC LIMIT 1`).
+				Scan(&got.Before, &got.After)
+			if err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+		}
+		if n > appended+1 {
+			t.Errorf("%s: %d changes appended, want at most one", st.name, n-appended)
+		}
+		if n == appended && st.name != "replay" {
+			t.Errorf("%s: no change appended", st.name)
+		}
+		appended = n
+		if i == 0 && want.After == "" {
+			t.Fatalf("new row: no diff at all")
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s: change (-the rows' JSON diff +the feed's):\n%s", st.name, d)
 		}
 	}
 }

@@ -52,9 +52,8 @@ const Channel = "munchable_changes"
 // rings at its commit, the next one, or the consumer's poll wakes the
 // consumer for it. Alone, every change rings.
 const AppendCTE = `
-appended AS (
-    INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)
-    SELECT now(), n.kind, n.subject, n.customer, n.event_id, d.before, d.after
+change(kind, subject, customer, event_id, before, after) AS (
+    SELECT n.kind, n.subject, n.customer, n.event_id, d.before, d.after
     FROM new n
     LEFT JOIN old o ON true
     CROSS JOIN LATERAL (
@@ -63,6 +62,19 @@ appended AS (
         FROM jsonb_each(n.j) k
         WHERE k.value IS DISTINCT FROM o.j -> k.key) d
     WHERE d.after IS NOT NULL
+),` + AppendChangeCTE
+
+// AppendChangeCTE appends the feed's row from change(kind, subject,
+// customer, event_id, before, after), for a statement that works out the
+// change's fields itself (applySQL, whose item set made AppendCTE's jsonb
+// diff the dearest part of a first delivery). It has at most one row, and
+// one only when something changed; it must read the written row (up) so
+// that the id is drawn after that row's lock is held.
+const AppendChangeCTE = `
+appended AS (
+    INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)
+    SELECT now(), c.kind, c.subject, c.customer, c.event_id, c.before, c.after
+    FROM change c
     RETURNING id, CASE WHEN ` + doorbellLockSQL + ` THEN pg_notify('` + Channel + `', id::text) END
 )`
 

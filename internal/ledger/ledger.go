@@ -221,8 +221,10 @@ func (l *Ledger) Get(ctx context.Context, provider, eventID string) (Event, erro
 	return e, nil
 }
 
-// listSQL reads rows oldest first; webhook_events_outcome serves a filter
-// by outcome, webhook_events_first_seen one by time alone.
+// listSQL reads rows oldest first; webhook_events_unsettled serves a
+// filter by failed or dead (a plan for the given outcome: a one-off
+// command's statement is planned with its values), webhook_events_first_seen
+// one by time, or by any other outcome, which it filters.
 const listSQL = `
 SELECT ` + eventColumns + ` FROM webhook_events
 WHERE ($1::text IS NULL OR outcome = $1) AND first_seen_at >= $2
