@@ -1,0 +1,201 @@
+// Package leader runs a job on one replica at a time. A replica that wants
+// to run it takes a Postgres session advisory lock with
+// pg_try_advisory_lock on a connection of its own and holds it for the
+// whole run: the others find it taken and pass. The lock belongs to the
+// session, so a leader that dies (its process, or its connection) frees it
+// with its session, and the next replica to try takes over. While it runs,
+// the leader checks its connection; when that is gone, so is the lock, and
+// the run's context is cancelled, so that two runs never overlap for long.
+//
+// A scheduled job (Schedule) also records, in the table scheduled_jobs,
+// when its last successful run began and ended, so that any replica, after
+// any restart, knows when it is due and what its position is.
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrLost is the cause of a run's context when its lock's session ended
+// during the run.
+var ErrLost = errors.New("leader: lock lost with its database session")
+
+// Lock is a named session advisory lock. Its key is hashtext(name) in
+// pg_try_advisory_lock's one-bigint key space, apart from the two-int keys
+// that pg_advisory_xact_lock(int, int) takes elsewhere in the service.
+type Lock struct {
+	pool *pgxpool.Pool
+	name string
+	// check is how often a held lock's connection is checked.
+	check time.Duration
+}
+
+// NewLock returns the lock called name on pool's database.
+func NewLock(pool *pgxpool.Pool, name string) *Lock {
+	return &Lock{pool: pool, name: name, check: 5 * time.Second}
+}
+
+// TryRun runs fn holding the lock, and reports whether it ran: false, with
+// no error, when another session holds the lock. fn's context ends when
+// ctx does or when the lock's connection is gone (cause ErrLost). The lock
+// is released when fn returns; a connection that cannot release it is
+// closed, which releases it too.
+func (l *Lock) TryRun(ctx context.Context, fn func(context.Context) error) (bool, error) {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("lock %s: %w", l.name, err)
+	}
+	var held bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, l.name).Scan(&held); err != nil {
+		conn.Release()
+		return false, fmt.Errorf("lock %s: %w", l.name, err)
+	}
+	if !held {
+		conn.Release()
+		return false, nil
+	}
+	defer l.release(conn)
+
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() { // ends when fn has returned (cancel below) or the lock is lost
+		defer close(watched)
+		l.watch(runCtx, conn, cancel)
+	}()
+	err = fn(runCtx)
+	cancel(nil)
+	<-watched
+	return true, err
+}
+
+// watch pings the lock's connection until ctx ends; a failed ping means
+// the session, and so the lock, is gone.
+func (l *Lock) watch(ctx context.Context, conn *pgxpool.Conn, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(l.check)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pingCtx, done := context.WithTimeout(ctx, l.check)
+		err := conn.Ping(pingCtx)
+		done()
+		if err != nil && ctx.Err() == nil {
+			cancel(fmt.Errorf("%w: %s: %w", ErrLost, l.name, err))
+			return
+		}
+	}
+}
+
+func (l *Lock) release(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var released bool
+	err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, l.name).Scan(&released)
+	if err != nil || !released {
+		_ = conn.Conn().Close(ctx) // the pool discards a closed connection
+	}
+	conn.Release()
+}
+
+// Job is work run on a schedule by one replica at a time.
+type Job struct {
+	// Name names the lock and the job's row in scheduled_jobs.
+	Name string
+	// Interval is the time from one successful run's start to the next.
+	Interval time.Duration
+	// Run does the work. since is when the last successful run began
+	// (zero: never), the job's position.
+	Run func(ctx context.Context, since time.Time) error
+	// Succeeded, when not nil, hears the end of the last successful run as
+	// scheduled_jobs has it, at every check on every replica: so every
+	// replica exports the same value, a restarted one included.
+	Succeeded func(at time.Time)
+}
+
+// Scheduler checks its jobs every Poll.
+type Scheduler struct {
+	Pool *pgxpool.Pool
+	// Poll is how often a replica checks whether a job is due; at most
+	// the job's interval is used.
+	Poll   time.Duration
+	Logger *slog.Logger
+}
+
+// Run checks j now and every Poll until ctx ends, running it when due
+// under its lock. It returns when ctx ends and a run in progress, whose
+// context ends too, has returned.
+func (s Scheduler) Run(ctx context.Context, j Job) {
+	poll := min(s.Poll, j.Interval)
+	lock := NewLock(s.Pool, j.Name)
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		if err := s.check(ctx, lock, j); err != nil && ctx.Err() == nil {
+			s.Logger.Error("scheduled job failed", "job", j.Name, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// check reports the last success, then runs the job if it is due and no
+// other replica runs it.
+func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
+	last, err := s.last(ctx, j.Name)
+	if err != nil {
+		return err
+	}
+	if j.Succeeded != nil && !last.succeeded.IsZero() {
+		j.Succeeded(last.succeeded)
+	}
+	if !last.started.IsZero() && time.Since(last.started) < j.Interval {
+		return nil
+	}
+	_, err = lock.TryRun(ctx, func(ctx context.Context) error {
+		// Again under the lock: another replica may have run it meanwhile.
+		last, err := s.last(ctx, j.Name)
+		if err != nil || (!last.started.IsZero() && time.Since(last.started) < j.Interval) {
+			return err
+		}
+		start := time.Now()
+		if err := j.Run(ctx, last.started); err != nil {
+			return err
+		}
+		end := time.Now()
+		const q = `INSERT INTO scheduled_jobs (name, started_at, succeeded_at) VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at = EXCLUDED.succeeded_at`
+		if _, err := s.Pool.Exec(ctx, q, j.Name, start, end); err != nil {
+			return fmt.Errorf("record %s: %w", j.Name, err)
+		}
+		if j.Succeeded != nil {
+			j.Succeeded(end)
+		}
+		return nil
+	})
+	return err
+}
+
+type lastRun struct{ started, succeeded time.Time }
+
+func (s Scheduler) last(ctx context.Context, name string) (lastRun, error) {
+	var r lastRun
+	err := s.Pool.QueryRow(ctx, `SELECT started_at, succeeded_at FROM scheduled_jobs WHERE name = $1`, name).Scan(&r.started, &r.succeeded)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return lastRun{}, fmt.Errorf("last run of %s: %w", name, err)
+	}
+	return r, nil
+}
