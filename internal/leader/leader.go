@@ -14,6 +14,7 @@ package leader
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -115,12 +116,14 @@ type Job struct {
 	// Interval is the time from one successful run's start to the next.
 	Interval time.Duration
 	// Run does the work. since is when the last successful run began
-	// (zero: never), the job's position.
-	Run func(ctx context.Context, since time.Time) error
-	// Succeeded, when not nil, hears the end of the last successful run as
-	// scheduled_jobs has it, at every check on every replica: so every
-	// replica exports the same value, a restarted one included.
-	Succeeded func(at time.Time)
+	// (zero: never), the job's position. What it returns is kept as JSON
+	// with the run (nil: null).
+	Run func(ctx context.Context, since time.Time) (any, error)
+	// Succeeded, when not nil, hears the end of the last successful run and
+	// what it returned, as scheduled_jobs has them, at every check on every
+	// replica: so every replica exports the same values, a restarted one
+	// included.
+	Succeeded func(at time.Time, result []byte)
 }
 
 // Scheduler checks its jobs every Poll.
@@ -160,7 +163,7 @@ func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
 		return err
 	}
 	if j.Succeeded != nil && !last.succeeded.IsZero() {
-		j.Succeeded(last.succeeded)
+		j.Succeeded(last.succeeded, last.result)
 	}
 	if !last.started.IsZero() && time.Since(last.started) < j.Interval {
 		return nil
@@ -172,28 +175,38 @@ func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
 			return err
 		}
 		start := time.Now()
-		if err := j.Run(ctx, last.started); err != nil {
+		out, err := j.Run(ctx, last.started)
+		if err != nil {
 			return err
 		}
+		result, err := json.Marshal(out)
+		if err != nil {
+			return fmt.Errorf("record %s: %w", j.Name, err)
+		}
 		end := time.Now()
-		const q = `INSERT INTO scheduled_jobs (name, started_at, succeeded_at) VALUES ($1, $2, $3)
-ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at = EXCLUDED.succeeded_at`
-		if _, err := s.Pool.Exec(ctx, q, j.Name, start, end); err != nil {
+		const q = `INSERT INTO scheduled_jobs (name, started_at, succeeded_at, result) VALUES ($1, $2, $3, $4)
+ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at = EXCLUDED.succeeded_at, result = EXCLUDED.result`
+		if _, err := s.Pool.Exec(ctx, q, j.Name, start, end, string(result)); err != nil {
 			return fmt.Errorf("record %s: %w", j.Name, err)
 		}
 		if j.Succeeded != nil {
-			j.Succeeded(end)
+			j.Succeeded(end, result)
 		}
 		return nil
 	})
 	return err
 }
 
-type lastRun struct{ started, succeeded time.Time }
+type lastRun struct {
+	started, succeeded time.Time
+	result             []byte
+}
 
 func (s Scheduler) last(ctx context.Context, name string) (lastRun, error) {
 	var r lastRun
-	err := s.Pool.QueryRow(ctx, `SELECT started_at, succeeded_at FROM scheduled_jobs WHERE name = $1`, name).Scan(&r.started, &r.succeeded)
+	var result string
+	err := s.Pool.QueryRow(ctx, `SELECT started_at, succeeded_at, result::text FROM scheduled_jobs WHERE name = $1`, name).Scan(&r.started, &r.succeeded, &result)
+	r.result = []byte(result)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return lastRun{}, fmt.Errorf("last run of %s: %w", name, err)
 	}

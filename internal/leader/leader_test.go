@@ -112,13 +112,13 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	var runs atomic.Int32
 	var mu sync.Mutex
 	var sinces []time.Time
-	job := Job{Name: "sweep_test", Interval: time.Hour, Run: func(ctx context.Context, since time.Time) error {
+	job := Job{Name: "sweep_test", Interval: time.Hour, Run: func(ctx context.Context, since time.Time) (any, error) {
 		runs.Add(1)
 		mu.Lock()
 		sinces = append(sinces, since)
 		mu.Unlock()
 		time.Sleep(100 * time.Millisecond) // long enough for both to try
-		return nil
+		return map[string]int{"n": int(runs.Load())}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -143,13 +143,14 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var heard time.Time
-	job.Succeeded = func(at time.Time) { heard = at }
+	var result string
+	job.Succeeded = func(at time.Time, r []byte) { heard, result = at, string(r) }
 	s := Scheduler{Pool: pool, Poll: time.Hour, Logger: logger}
 	if err := s.check(t.Context(), NewLock(pool, job.Name), job); err != nil {
 		t.Fatal(err)
 	}
-	if runs.Load() != 2 || heard.IsZero() {
-		t.Errorf("runs = %d, last success heard %v; want a second run, heard", runs.Load(), heard)
+	if runs.Load() != 2 || heard.IsZero() || result != `{"n":2}` {
+		t.Errorf("runs = %d, last success heard %v with %s; want a second run, heard with its result", runs.Load(), heard, result)
 	}
 	if !sinces[1].Before(time.Now().Add(-time.Hour)) {
 		t.Errorf("second run's since = %v, want the first run's start", sinces[1])
