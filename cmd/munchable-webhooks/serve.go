@@ -160,6 +160,14 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	run := leader.Scheduler{Pool: pool, Poll: 30 * time.Second, Logger: logger}
 	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
 	api := stripeAPI(cfg, logger)
+	verifyInterval := cfg.VerifyInterval
+	if api == nil {
+		verifyInterval = 0
+	}
+	// The metrics are exported whether the jobs run or not, with the
+	// intervals the alerts read (0: off).
+	verifyMetrics := stripesync.NewVerifyMetrics(registry, verifyInterval)
+	sweepMetrics := sweep.NewMetrics(registry, "stripe", "resend")
 	switch {
 	case cfg.VerifyInterval == 0:
 		logger.Info("scheduled stripe verify is off (VERIFY_INTERVAL=0)")
@@ -167,14 +175,14 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 		logger.Info("scheduled stripe verify is off: it needs STRIPE_API_KEY")
 	default:
 		start(stripesync.VerifyJob(stripesync.VerifyConfig{API: api, Store: s.store, Logger: logger},
-			cfg.VerifyInterval, stripesync.NewVerifyMetrics(registry)))
+			cfg.VerifyInterval, verifyMetrics))
 	}
 	if cfg.SweepInterval == 0 {
 		logger.Info("sweeps are off (SWEEP_INTERVAL=0)")
 		return wg.Wait
 	}
 	sweeps := sweep.Config{Interval: cfg.SweepInterval, Overlap: sweepOverlap, HorizonMargin: 5 * 24 * time.Hour,
-		Metrics: sweep.NewMetrics(registry), Logger: logger}
+		Metrics: sweepMetrics, Logger: logger}
 	if api == nil {
 		logger.Info("the Stripe sweep is off: it needs STRIPE_API_KEY")
 	} else {

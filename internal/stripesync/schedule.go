@@ -16,8 +16,9 @@ type VerifyMetrics struct {
 	lastSuccess prometheus.Gauge
 }
 
-// NewVerifyMetrics registers the scheduled verify's gauges on reg.
-func NewVerifyMetrics(reg prometheus.Registerer) *VerifyMetrics {
+// NewVerifyMetrics registers the scheduled verify's gauges on reg, with
+// its interval (0: off), which the staleness alert reads.
+func NewVerifyMetrics(reg prometheus.Registerer, interval time.Duration) *VerifyMetrics {
 	m := &VerifyMetrics{
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stripe_drift_rows",
@@ -31,7 +32,12 @@ func NewVerifyMetrics(reg prometheus.Registerer) *VerifyMetrics {
 	for _, k := range Kinds {
 		m.drift.WithLabelValues(k)
 	}
-	reg.MustRegister(m.drift, m.lastSuccess)
+	every := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "stripe_verify_interval_seconds",
+		Help: "VERIFY_INTERVAL in seconds; 0 when the scheduled verify is off (VERIFY_INTERVAL=0, or no STRIPE_API_KEY).",
+	})
+	every.Set(interval.Seconds())
+	reg.MustRegister(m.drift, m.lastSuccess, every)
 	return m
 }
 

@@ -43,10 +43,13 @@ type Source struct {
 type Metrics struct {
 	recovered   *prometheus.CounterVec
 	lastSuccess *prometheus.GaugeVec
+	interval    *prometheus.GaugeVec
 }
 
-// NewMetrics registers the sweeps' metrics on reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics registers the sweeps' metrics on reg, with a series for each
+// provider, swept or not: a provider's interval stays 0 until Job sweeps
+// it, and the staleness alert reads only swept providers.
+func NewMetrics(reg prometheus.Registerer, providers ...string) *Metrics {
 	m := &Metrics{
 		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "webhook_sweep_recovered_total",
@@ -54,10 +57,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"provider"}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "webhook_sweep_last_success_timestamp_seconds",
-			Help: "When the provider's last successful sweep ended (any replica's), in Unix seconds.",
+			Help: "When the provider's last successful sweep ended (any replica's), in Unix seconds; 0 before the first.",
+		}, []string{"provider"}),
+		interval: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "webhook_sweep_interval_seconds",
+			Help: "SWEEP_INTERVAL in seconds for each swept provider; 0 for a provider not swept.",
 		}, []string{"provider"}),
 	}
-	reg.MustRegister(m.recovered, m.lastSuccess)
+	for _, p := range providers {
+		m.recovered.WithLabelValues(p)
+		m.lastSuccess.WithLabelValues(p)
+		m.interval.WithLabelValues(p)
+	}
+	reg.MustRegister(m.recovered, m.lastSuccess, m.interval)
 	return m
 }
 
@@ -80,6 +92,7 @@ type Config struct {
 func Job(src Source, cfg Config) leader.Job {
 	m := cfg.Metrics
 	m.recovered.WithLabelValues(src.Provider) // exported from 0
+	m.interval.WithLabelValues(src.Provider).Set(cfg.Interval.Seconds())
 	logger := cfg.Logger.With("job", "sweep", "provider", src.Provider)
 	return leader.Job{
 		Name:     "sweep_" + src.Provider,
