@@ -134,6 +134,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	jobsCtx, stopJobs := context.WithCancel(ctx)
 	jobsDone := startJobs(jobsCtx, cfg, logger, registry, pool, scheduled{
 		store: store, stripe: stripe, stripeEndpoint: flow.Endpoint(cfg.provider("stripe")),
+		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
 	})
 	err = listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
 	stopJobs()
@@ -146,6 +147,8 @@ type scheduled struct {
 	store          *entitlements.Store
 	stripe         *stripehook.Receiver
 	stripeEndpoint *claim.Endpoint
+	resend         *resendhook.Receiver
+	resendEndpoint *claim.Endpoint
 }
 
 // sweepOverlap is how far before its last pass's start a sweep lists
@@ -190,6 +193,9 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 			API: api, Receiver: s.stripe, Endpoint: s.stripeEndpoint, Logger: logger,
 		})}, sweeps))
 	}
+	// Resend keeps received mail for a while its docs do not state: no
+	// horizon to warn about; WebhookSweepStale covers a sweep that stops.
+	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint)}, sweeps))
 	return wg.Wait
 }
 
