@@ -11,5 +11,18 @@ CREATE TABLE scheduled_jobs (
     result       jsonb       NOT NULL
 );
 
+-- stripe verify's census: the ids a walk saw, under its run id, so that
+-- the stored rows Stripe did not list can be read back in batches
+-- (internal/entitlements, Census). A walk deletes its rows when it ends;
+-- rows a dead walk left are deleted a day later by the next.
+CREATE TABLE drift_census (
+    run     uuid        NOT NULL,
+    kind    text        NOT NULL,
+    id      text        NOT NULL,
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run, kind, id)
+);
+
 -- +goose Down
+DROP TABLE drift_census;
 DROP TABLE scheduled_jobs;

@@ -160,7 +160,10 @@ const sweepOverlap = 10 * time.Minute
 // returned func waits for them.
 func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry prometheus.Registerer, pool *pgxpool.Pool, s scheduled) (wait func()) {
 	var wg sync.WaitGroup
-	run := leader.Scheduler{Pool: pool, Poll: 30 * time.Second, Logger: logger}
+	// The locks' sessions go where migrations go: MIGRATE_DATABASE_URL is
+	// the direct connection when DATABASE_URL is a transaction pooler.
+	run := leader.Scheduler{Pool: pool, Poll: 30 * time.Second, Logger: logger,
+		Connect: leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url)}
 	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
 	api := stripeAPI(cfg, logger)
 	verifyInterval := cfg.VerifyInterval

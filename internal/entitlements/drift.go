@@ -31,47 +31,48 @@ type Difference struct {
 }
 
 // Census reads stored rows for a walk over Stripe's lists (stripe verify)
-// and notes which rows the walk saw, in temporary tables on a connection
-// of its own, so that the rows Stripe did not list can be read back in
-// batches afterwards: memory for one batch, however many rows the tables
-// hold. Nothing it runs is a transaction held across a call to Stripe.
-// One Census serves one walk; Close gives its connection back.
+// and notes which rows the walk saw, in the table drift_census under a
+// run id of its own, so that the rows Stripe did not list can be read back
+// in batches afterwards: memory for one batch, however many rows the tables
+// hold. A plain table rather than a temporary one, so that it works through
+// a transaction pooler too. Nothing it runs is a transaction held across a
+// call to Stripe. One Census serves one walk; Close deletes its rows.
 type Census struct {
-	conn *pgxpool.Conn
+	pool *pgxpool.Pool
+	run  string
 }
 
-const censusSQL = `
-CREATE TEMPORARY TABLE IF NOT EXISTS census_subscriptions (id text PRIMARY KEY);
-CREATE TEMPORARY TABLE IF NOT EXISTS census_customers (id text PRIMARY KEY);
-TRUNCATE census_subscriptions, census_customers`
+// The kinds of id a census notes.
+const (
+	censusSubscription = "subscription"
+	censusCustomer     = "customer"
+)
 
-// NewCensus takes a connection from the store's pool for a walk.
+// NewCensus starts a census, first deleting what a walk that died left
+// behind a day ago or more.
 func (s *Store) NewCensus(ctx context.Context) (*Census, error) {
-	conn, err := s.pool.Acquire(ctx)
+	var run string
+	err := s.pool.QueryRow(ctx, `
+WITH gone AS (DELETE FROM drift_census WHERE seen_at < now() - interval '1 day')
+SELECT gen_random_uuid()::text`).Scan(&run)
 	if err != nil {
 		return nil, fmt.Errorf("census: %w", err)
 	}
-	if _, err := conn.Exec(ctx, censusSQL); err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("census: %w", err)
-	}
-	return &Census{conn: conn}, nil
+	return &Census{pool: s.pool, run: run}, nil
 }
 
-// Close drops the census tables and gives the connection back; a
-// connection that cannot drop them is closed instead.
+// Close deletes the census's rows.
 func (c *Census) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := c.conn.Exec(ctx, `DROP TABLE IF EXISTS census_subscriptions, census_customers`); err != nil {
-		_ = c.conn.Conn().Close(ctx) // the pool discards a closed connection
-	}
-	c.conn.Release()
+	_, _ = c.pool.Exec(ctx, `DELETE FROM drift_census WHERE run = $1`, c.run) // else NewCensus deletes them a day later
 }
+
+const censusSQL = `INSERT INTO drift_census (run, kind, id) SELECT $1, $2, unnest($3::text[]) ON CONFLICT DO NOTHING`
 
 // Subscriptions notes ids as seen and reads those stored, by id.
 func (c *Census) Subscriptions(ctx context.Context, ids []string) (map[string]Stored[Subscription], error) {
-	if _, err := c.conn.Exec(ctx, `INSERT INTO census_subscriptions SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, ids); err != nil {
+	if _, err := c.pool.Exec(ctx, censusSQL, c.run, censusSubscription, ids); err != nil {
 		return nil, fmt.Errorf("census subscriptions: %w", err)
 	}
 	const q = selectSubscriptionSQL + `, stripe_subscription_id
@@ -86,9 +87,9 @@ func (c *Census) UnseenSubscriptions(ctx context.Context, after string, before t
 	const q = selectSubscriptionSQL + `, stripe_subscription_id
 FROM entitlements e
 WHERE stripe_subscription_id > $1 AND last_event_created < $2
-  AND NOT EXISTS (SELECT FROM census_subscriptions c WHERE c.id = e.stripe_subscription_id)
+  AND NOT EXISTS (SELECT FROM drift_census c WHERE c.run = $4 AND c.kind = 'subscription' AND c.id = e.stripe_subscription_id)
 ORDER BY stripe_subscription_id LIMIT $3`
-	m, err := c.subscriptions(ctx, q, after, before, limit)
+	m, err := c.subscriptions(ctx, q, after, before, limit, c.run)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func compareStrings(a, b string) int {
 }
 
 func (c *Census) subscriptions(ctx context.Context, q string, args ...any) (map[string]Stored[Subscription], error) {
-	rows, err := c.conn.Query(ctx, q, args...)
+	rows, err := c.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read subscriptions: %w", err)
 	}
@@ -132,7 +133,7 @@ func (c *Census) subscriptions(ctx context.Context, q string, args ...any) (map[
 // Customers notes customers as seen and returns those not seen before, in
 // the order given: a customer with several subscriptions is compared once.
 func (c *Census) Customers(ctx context.Context, customers []string) ([]string, error) {
-	rows, err := c.conn.Query(ctx, `INSERT INTO census_customers SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING id`, customers)
+	rows, err := c.pool.Query(ctx, censusSQL+` RETURNING id`, c.run, censusCustomer, customers)
 	if err != nil {
 		return nil, fmt.Errorf("census customers: %w", err)
 	}
@@ -160,8 +161,8 @@ func (c *Census) Features(ctx context.Context, customers []string) (map[string]S
 func (c *Census) UnseenFeatures(ctx context.Context, after string, before time.Time, limit int) ([]Stored[Features], error) {
 	m, err := c.features(ctx, selectFeaturesSQL+`
 WHERE stripe_customer_id > $1 AND last_event_created < $2
-  AND NOT EXISTS (SELECT FROM census_customers c WHERE c.id = f.stripe_customer_id)
-ORDER BY stripe_customer_id LIMIT $3`, after, before, limit)
+  AND NOT EXISTS (SELECT FROM drift_census c WHERE c.run = $4 AND c.kind = 'customer' AND c.id = f.stripe_customer_id)
+ORDER BY stripe_customer_id LIMIT $3`, after, before, limit, c.run)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +172,7 @@ ORDER BY stripe_customer_id LIMIT $3`, after, before, limit)
 }
 
 func (c *Census) features(ctx context.Context, q string, args ...any) (map[string]Stored[Features], error) {
-	rows, err := c.conn.Query(ctx, q, args...)
+	rows, err := c.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read customer features: %w", err)
 	}

@@ -1,7 +1,10 @@
 // Package leader runs a job on one replica at a time. A replica that wants
 // to run it takes a Postgres session advisory lock with
-// pg_try_advisory_lock on a connection of its own and holds it for the
-// whole run: the others find it taken and pass. The lock belongs to the
+// pg_try_advisory_lock on a dedicated connection, opened for the attempt
+// and held for the whole run: the others find it taken and pass. The
+// connection must be a session of its own (direct, or session-pooled: a
+// transaction pooler would hand the lock's session to someone else), so
+// it is not the service's pool. The lock belongs to the
 // session, so a leader that dies (its process, or its connection) frees it
 // with its session, and the next replica to try takes over. While it runs,
 // the leader checks its connection; when that is gone, so is the lock, and
@@ -32,37 +35,42 @@ var ErrLost = errors.New("leader: lock lost with its database session")
 // pg_try_advisory_lock's one-bigint key space, apart from the two-int keys
 // that pg_advisory_xact_lock(int, int) takes elsewhere in the service.
 type Lock struct {
-	pool *pgxpool.Pool
-	name string
+	connect Connect
+	name    string
 	// check is how often a held lock's connection is checked.
 	check time.Duration
 }
 
-// NewLock returns the lock called name on pool's database.
-func NewLock(pool *pgxpool.Pool, name string) *Lock {
-	return &Lock{pool: pool, name: name, check: 5 * time.Second}
+// Connect opens a dedicated connection (a session of its own).
+type Connect func(ctx context.Context) (*pgx.Conn, error)
+
+// Dial is a Connect to the database at url.
+func Dial(url string) Connect {
+	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) }
+}
+
+// NewLock returns the lock called name, taken on connections from connect.
+func NewLock(connect Connect, name string) *Lock {
+	return &Lock{connect: connect, name: name, check: 5 * time.Second}
 }
 
 // TryRun runs fn holding the lock, and reports whether it ran: false, with
 // no error, when another session holds the lock. fn's context ends when
 // ctx does or when the lock's connection is gone (cause ErrLost). The lock
-// is released when fn returns; a connection that cannot release it is
-// closed, which releases it too.
+// is released when fn returns, with its session: the connection is closed.
 func (l *Lock) TryRun(ctx context.Context, fn func(context.Context) error) (bool, error) {
-	conn, err := l.pool.Acquire(ctx)
+	conn, err := l.connect(ctx)
 	if err != nil {
 		return false, fmt.Errorf("lock %s: %w", l.name, err)
 	}
+	defer closeConn(conn)
 	var held bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, l.name).Scan(&held); err != nil {
-		conn.Release()
 		return false, fmt.Errorf("lock %s: %w", l.name, err)
 	}
 	if !held {
-		conn.Release()
 		return false, nil
 	}
-	defer l.release(conn)
 
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -79,7 +87,7 @@ func (l *Lock) TryRun(ctx context.Context, fn func(context.Context) error) (bool
 
 // watch pings the lock's connection until ctx ends; a failed ping means
 // the session, and so the lock, is gone.
-func (l *Lock) watch(ctx context.Context, conn *pgxpool.Conn, cancel context.CancelCauseFunc) {
+func (l *Lock) watch(ctx context.Context, conn *pgx.Conn, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(l.check)
 	defer t.Stop()
 	for {
@@ -98,15 +106,11 @@ func (l *Lock) watch(ctx context.Context, conn *pgxpool.Conn, cancel context.Can
 	}
 }
 
-func (l *Lock) release(conn *pgxpool.Conn) {
+// closeConn ends the session, and with it any lock it holds.
+func closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var released bool
-	err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, l.name).Scan(&released)
-	if err != nil || !released {
-		_ = conn.Conn().Close(ctx) // the pool discards a closed connection
-	}
-	conn.Release()
+	_ = conn.Close(ctx)
 }
 
 // Job is work run on a schedule by one replica at a time.
@@ -128,7 +132,10 @@ type Job struct {
 
 // Scheduler checks its jobs every Poll.
 type Scheduler struct {
-	Pool *pgxpool.Pool
+	// Pool reads and records the jobs' runs; Connect opens the dedicated
+	// connections of their locks, and only once a job is due.
+	Pool    *pgxpool.Pool
+	Connect Connect
 	// Poll is how often a replica checks whether a job is due; at most
 	// the job's interval is used.
 	Poll   time.Duration
@@ -140,7 +147,7 @@ type Scheduler struct {
 // context ends too, has returned.
 func (s Scheduler) Run(ctx context.Context, j Job) {
 	poll := min(s.Poll, j.Interval)
-	lock := NewLock(s.Pool, j.Name)
+	lock := NewLock(s.Connect, j.Name)
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {

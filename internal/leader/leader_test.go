@@ -30,7 +30,7 @@ func replica(t *testing.T, url string) *pgxpool.Pool {
 func TestTryRunOneAtATime(t *testing.T) {
 	t.Parallel()
 	url := dbtest.NewDatabase(t)
-	a, b := NewLock(replica(t, url), "job"), NewLock(replica(t, url), "job")
+	a, b := NewLock(Dial(url), "job"), NewLock(Dial(url), "job")
 	inside := make(chan struct{})
 	leave := make(chan struct{})
 	done := make(chan error, 1)
@@ -64,7 +64,7 @@ func TestLeaderKilledHandsOver(t *testing.T) {
 	t.Parallel()
 	url := dbtest.NewDatabase(t)
 	admin := replica(t, url)
-	a, b := NewLock(replica(t, url), "job"), NewLock(replica(t, url), "job")
+	a, b := NewLock(Dial(url), "job"), NewLock(Dial(url), "job")
 	a.check = 50 * time.Millisecond
 	inside := make(chan struct{})
 	cause := make(chan error, 1)
@@ -124,7 +124,7 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	for range 2 {
-		s := Scheduler{Pool: replica(t, url), Poll: 20 * time.Millisecond, Logger: logger}
+		s := Scheduler{Pool: replica(t, url), Connect: Dial(url), Poll: 20 * time.Millisecond, Logger: logger}
 		wg.Go(func() { s.Run(ctx, job) })
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -145,8 +145,8 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	var heard time.Time
 	var result string
 	job.Succeeded = func(at time.Time, r []byte) { heard, result = at, string(r) }
-	s := Scheduler{Pool: pool, Poll: time.Hour, Logger: logger}
-	if err := s.check(t.Context(), NewLock(pool, job.Name), job); err != nil {
+	s := Scheduler{Pool: pool, Connect: Dial(url), Poll: time.Hour, Logger: logger}
+	if err := s.check(t.Context(), NewLock(Dial(url), job.Name), job); err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 2 || heard.IsZero() || result != `{"n":2}` {
