@@ -157,7 +157,7 @@ func TestSweepLarge(t *testing.T) {
 	if n.Listed != total || n.Recovered != total {
 		t.Fatalf("sweep = %+v, want %d listed and recovered", n, total)
 	}
-	t.Logf("sweep of %d undelivered events: %s, peak heap %.1f MiB (base before the pass %.1f MiB: the fake's events)",
+	t.Logf("sweep of %d undelivered events: %s, peak live heap %.1f MiB (before the pass %.1f MiB: the fake's events)",
 		total, elapsed.Round(time.Millisecond), float64(peak())/(1<<20), float64(heapBase)/(1<<20))
 
 	start = time.Now()
@@ -168,5 +168,5 @@ func TestSweepLarge(t *testing.T) {
 	if n := out.(sweep.Counts); n.Delivered != total || n.Recovered != 0 {
 		t.Fatalf("second sweep = %+v, want all %d delivered", n, total)
 	}
-	t.Logf("sweep of %d delivered events: %s, peak heap %.1f MiB", total, time.Since(start).Round(time.Millisecond), float64(peak())/(1<<20))
+	t.Logf("sweep of %d delivered events: %s, peak live heap %.1f MiB", total, time.Since(start).Round(time.Millisecond), float64(peak())/(1<<20))
 }

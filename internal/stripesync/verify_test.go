@@ -3,8 +3,10 @@ package stripesync
 import (
 	"fmt"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,37 +191,39 @@ func TestVerifyLarge(t *testing.T) {
 	}
 	// The heap holds the fake API's 10,000 subscriptions too: the base is
 	// what was in use before verify began.
-	t.Logf("verify of %d subscriptions: %s, peak heap %.1f MiB (base before verify %.1f MiB), %d API requests",
+	t.Logf("verify of %d subscriptions: %s, peak live heap %.1f MiB (before verify %.1f MiB), %d API requests",
 		total, elapsed.Round(time.Millisecond), float64(peak())/(1<<20), float64(heapBase)/(1<<20), n.Requests)
 }
 
-// watchHeap samples HeapInuse every 10 ms until the test ends; the
-// returned function reads the peak so far.
+// watchHeap samples the live heap (runtime/metrics /gc/heap/live:bytes:
+// what the last GC found reachable, without the garbage awaiting the next
+// one, which GOGC lets grow to the live heap's size) every 10 ms until the
+// test ends; the returned function reads the peak so far.
 func watchHeap(t testing.TB) func() uint64 {
 	t.Helper()
 	runtime.GC()
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	live := func() uint64 { metrics.Read(sample); return sample[0].Value.Uint64() }
+	var mu sync.Mutex
+	peak := live()
 	done := make(chan struct{})
-	peakc := make(chan uint64, 1)
-	peakc <- 0
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	<-peakc
-	peakc <- m.HeapInuse
-	go func() {
+	stopped := make(chan struct{})
+	go func() { // ends when the test does
+		defer close(stopped)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			var m runtime.MemStats
-			runtime.ReadMemStats(&m)
-			p := <-peakc
-			peakc <- max(p, m.HeapInuse)
 			select {
 			case <-done:
 				return
 			case <-tick.C:
 			}
+			v := live()
+			mu.Lock()
+			peak = max(peak, v)
+			mu.Unlock()
 		}
 	}()
-	t.Cleanup(func() { close(done) })
-	return func() uint64 { p := <-peakc; peakc <- p; return p }
+	t.Cleanup(func() { close(done); <-stopped })
+	return func() uint64 { mu.Lock(); defer mu.Unlock(); return peak }
 }
