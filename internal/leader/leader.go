@@ -147,6 +147,12 @@ type Scheduler struct {
 // context ends too, has returned.
 func (s Scheduler) Run(ctx context.Context, j Job) {
 	poll := min(s.Poll, j.Interval)
+	if poll <= 0 {
+		poll = j.Interval
+	}
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
 	lock := NewLock(s.Connect, j.Name)
 	t := time.NewTicker(poll)
 	defer t.Stop()

@@ -91,6 +91,9 @@ type Config struct {
 // from the last successful pass's start, less the overlap.
 func Job(src Source, cfg Config) leader.Job {
 	m := cfg.Metrics
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	m.recovered.WithLabelValues(src.Provider) // exported from 0
 	m.interval.WithLabelValues(src.Provider).Set(cfg.Interval.Seconds())
 	logger := cfg.Logger.With("job", "sweep", "provider", src.Provider)
