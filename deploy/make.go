@@ -23,7 +23,7 @@ func MakeDevVars(root string) (map[string]string, error) {
 	}
 	_, recipe, ok := strings.Cut(string(mk), "\ndev:")
 	if !ok {
-		return nil, errors.New("Makefile has no dev target")
+		return nil, errors.New("no dev target in the Makefile")
 	}
 	recipe, _, _ = strings.Cut(recipe, "\n\n")
 	vars := map[string]string{}
@@ -33,7 +33,7 @@ func MakeDevVars(root string) (map[string]string, error) {
 		}
 	}
 	if len(vars) == 0 {
-		return nil, errors.New(`Makefile's dev target sets no NAME="$${NAME:-value}" defaults`)
+		return nil, errors.New(`the Makefile's dev target sets no NAME="$${NAME:-value}" defaults`)
 	}
 	return vars, nil
 }
