@@ -100,6 +100,8 @@ fuzz:
 # four more minutes.
 DEV_DIR ?= .dev
 .PHONY: dev
+# The sweeps are off (SWEEP_INTERVAL=0): the Resend stand-in has no list of
+# received mail, and the quick start's first send must be the first delivery.
 dev: deps-dev build
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/withservers ./tools/withservers
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devresend ./tools/devresend
@@ -110,6 +112,7 @@ dev: deps-dev build
 	RESEND_DOWNLOAD_ALLOW_PRIVATE="$${RESEND_DOWNLOAD_ALLOW_PRIVATE:-true}" \
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
+	SWEEP_INTERVAL="$${SWEEP_INTERVAL:-0}" \
 	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL -- \
 		bin/devresend -data testdata/devresend -- ./$(BIN) serve
 

@@ -63,6 +63,11 @@ type config struct {
 	ShutdownDelay    time.Duration `env:"SHUTDOWN_DELAY" envDefault:"0s"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`
 
+	// VerifyInterval and SweepInterval schedule stripe verify and the
+	// sweeps (0: off), one replica at a time.
+	VerifyInterval time.Duration `env:"VERIFY_INTERVAL" envDefault:"24h"`
+	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5m"`
+
 	// Parsed by validate.
 	resendWebhook  *svix.Webhook
 	resendAPIURL   *url.URL
@@ -419,9 +424,19 @@ func (c *config) checkDurations(add addProblem) {
 		add("SHUTDOWN_DELAY must not be negative: want 0s or a duration such as 5s")
 	}
 	if c.EventsRetention < 0 {
-		add("EVENTS_RETENTION must not be negative (0 keeps every row)")
+		add("EVENTS_RETENTION must not be negative: want 0 (keep every row) or a duration such as 720h")
+	}
+	if c.VerifyInterval != 0 && c.VerifyInterval < time.Hour {
+		add("VERIFY_INTERVAL is %s: want 0 (off) or at least 1h, such as 24h (a verify lists the whole account)", c.VerifyInterval)
+	}
+	if c.SweepInterval != 0 && (c.SweepInterval < 10*time.Second || c.SweepInterval > maxSweepInterval) {
+		add("SWEEP_INTERVAL is %s: want 0 (off) or a duration from 10s to %s, such as 5m", c.SweepInterval, maxSweepInterval)
 	}
 }
+
+// maxSweepInterval keeps a sweep's window, the interval and its overlap,
+// well inside Stripe's 30 days of events.
+const maxSweepInterval = 24 * time.Hour
 
 func (c *config) checkLimits(add addProblem) {
 	atLeast := []struct {

@@ -28,6 +28,9 @@ func main() {
 	case errors.Is(err, errUsage):
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	case errors.Is(err, errDrift):
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
 	default:
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -43,12 +46,12 @@ commands:
   send         sign a sample event and post it to the service
   claims       show, release, mark done or list stuck claims in Redis
   healthcheck  exit 0 when the service on LISTEN_ADDR answers /healthz
-  stripe       sync or replay Stripe's state through its API
+  stripe       sync, replay or verify Stripe's state through its API
   events       show, list or retry the events in the ledger
   changes      tail the change feed as JSON lines
 
 Every command answers -h with its own usage. Configuration comes from the
-environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line.`
+environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line, 3 stripe verify found drift.`
 
 const (
 	serveUsage = `usage: munchable-webhooks serve

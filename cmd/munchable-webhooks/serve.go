@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,10 +30,13 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
 	"github.com/munchable/munchable-webhooks/internal/intake"
+	"github.com/munchable/munchable-webhooks/internal/leader"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
+	"github.com/munchable/munchable-webhooks/internal/stripesync"
 	"github.com/munchable/munchable-webhooks/internal/support"
+	"github.com/munchable/munchable-webhooks/internal/sweep"
 	"github.com/munchable/munchable-webhooks/migrations"
 )
 
@@ -110,8 +114,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 
 	var draining atomic.Bool
 	metrics := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	store := entitlements.NewStore(pool, registry)
 	stripe := stripehook.New(stripehook.Config{
-		Store:      entitlements.NewStore(pool, registry),
+		Store:      store,
 		Secret:     string(cfg.StripeWebhookSecret),
 		API:        stripeAPI(cfg, logger),
 		Logger:     logger,
@@ -138,7 +143,75 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		resend:   resend.Handler(flow.Endpoint(cfg.provider("resend"))),
 		form:     form,
 	})
-	return listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
+	jobsCtx, stopJobs := context.WithCancel(ctx)
+	jobsDone := startJobs(jobsCtx, cfg, logger, registry, pool, scheduled{
+		store: store, stripe: stripe, stripeEndpoint: flow.Endpoint(cfg.provider("stripe")),
+		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
+	})
+	err = listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
+	stopJobs()
+	jobsDone()
+	return err
+}
+
+// scheduled is what the scheduled jobs run on.
+type scheduled struct {
+	store          *entitlements.Store
+	stripe         *stripehook.Receiver
+	stripeEndpoint *claim.Endpoint
+	resend         *resendhook.Receiver
+	resendEndpoint *claim.Endpoint
+}
+
+// sweepOverlap is how far before its last pass's start a sweep lists
+// again: an event or mail the provider lists a little late is still seen.
+const sweepOverlap = 10 * time.Minute
+
+// startJobs starts the scheduled verify and sweeps (VERIFY_INTERVAL,
+// SWEEP_INTERVAL), each in a goroutine that ends once ctx does; the
+// returned func waits for them.
+func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry prometheus.Registerer, pool *pgxpool.Pool, s scheduled) (wait func()) {
+	var wg sync.WaitGroup
+	// The locks' sessions go where migrations go: MIGRATE_DATABASE_URL is
+	// the direct connection when DATABASE_URL is a transaction pooler.
+	run := leader.Scheduler{Pool: pool, Poll: 30 * time.Second, Logger: logger,
+		Connect: leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url)}
+	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
+	api := stripeAPI(cfg, logger)
+	verifyInterval := cfg.VerifyInterval
+	if api == nil {
+		verifyInterval = 0
+	}
+	// The metrics are exported whether the jobs run or not, with the
+	// intervals the alerts read (0: off).
+	verifyMetrics := stripesync.NewVerifyMetrics(registry, verifyInterval)
+	sweepMetrics := sweep.NewMetrics(registry, "stripe", "resend")
+	switch {
+	case cfg.VerifyInterval == 0:
+		logger.Info("scheduled stripe verify is off (VERIFY_INTERVAL=0)")
+	case api == nil:
+		logger.Info("scheduled stripe verify is off: it needs STRIPE_API_KEY")
+	default:
+		start(stripesync.VerifyJob(stripesync.VerifyConfig{API: api, Store: s.store, Logger: logger},
+			cfg.VerifyInterval, verifyMetrics))
+	}
+	if cfg.SweepInterval == 0 {
+		logger.Info("sweeps are off (SWEEP_INTERVAL=0)")
+		return wg.Wait
+	}
+	sweeps := sweep.Config{Interval: cfg.SweepInterval, Overlap: sweepOverlap, HorizonMargin: 5 * 24 * time.Hour,
+		Metrics: sweepMetrics, Logger: logger}
+	if api == nil {
+		logger.Info("the Stripe sweep is off: it needs STRIPE_API_KEY")
+	} else {
+		start(sweep.Job(sweep.Source{Provider: "stripe", Horizon: stripesync.Window, Pass: stripesync.SweepPass(stripesync.ReplayConfig{
+			API: api, Receiver: s.stripe, Endpoint: s.stripeEndpoint, Logger: logger,
+		})}, sweeps))
+	}
+	// Resend keeps received mail for a while its docs do not state: no
+	// horizon to warn about; WebhookSweepStale covers a sweep that stops.
+	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint)}, sweeps))
+	return wg.Wait
 }
 
 // retentionInterval is how often serve trims the ledger and the feed: a

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,6 +37,10 @@ commands:
                        flow exactly like webhook deliveries (same keys, REDIS_URL): an
                        event already done is a duplicate. --undelivered asks only for
                        events whose webhook delivery has not succeeded
+  verify [--repair]    compare every subscription, its items and its customer's active
+                       entitlements with the stored rows: one JSON line per drifted row
+                       and a summary on stdout; exit 0 in sync, 3 on drift, 1 on failure.
+                       --repair stores Stripe's state as sync does
 
 Each command answers -h with its own usage.`
 
@@ -56,13 +61,31 @@ oldest first, and runs each through the claim flow exactly like a webhook
 delivery (same keys: an event already done is a duplicate). One summary
 line: processed, duplicate, stale, unordered, failed. Needs DATABASE_URL,
 STRIPE_API_KEY (reads events) and REDIS_URL.`
+
+	stripeVerifyUsage = `usage: munchable-webhooks stripe verify [-repair]
+
+Lists every Stripe subscription (status=all) with its items, and the active
+entitlements of each customer seen, and compares them field by field with
+entitlements, entitlement_items and customer_features. Prints one JSON line
+per drifted row on stdout ({"kind", "id", "fields": {field: {"stored",
+"stripe"}}}), then a summary line. A row written after the listing began is
+newer than Stripe's answer and is not drift. Exit status: 0 in sync, 3 on
+drift, 1 on failure. -repair stores Stripe's state for each drifted row as
+stripe sync does (a stored event newer than the listing is kept) and counts
+what it mended; a stored row Stripe does not list is reported, never
+deleted. Needs DATABASE_URL and STRIPE_API_KEY.`
 )
+
+// errDrift is stripe verify's verdict when the tables and Stripe differ:
+// exit status 3.
+var errDrift = errors.New("stripe verify: the tables differ from Stripe")
 
 // stripeArgs is a parsed stripe command line.
 type stripeArgs struct {
-	command     string // "sync" or "replay"; "" when only help was asked for
+	command     string // "sync", "replay" or "verify"; "" when only help was asked for
 	since       time.Duration
 	undelivered bool
+	repair      bool
 }
 
 // parseStripeArgs reads "stripe COMMAND [flags]" the way every command
@@ -78,18 +101,18 @@ func parseStripeArgs(args []string, stdout, stderr io.Writer) (stripeArgs, error
 	case "help", "-h", "-help", "--help":
 		top.printUsage(stdout)
 		return stripeArgs{}, flag.ErrHelp
-	case "sync", "replay":
+	case "sync", "replay", "verify":
 	default:
 		return stripeArgs{}, top.misuse("unknown command %q", out.command)
 	}
-	usage := stripeSyncUsage
-	if out.command == "replay" {
-		usage = stripeReplayUsage
-	}
+	usage := map[string]string{"sync": stripeSyncUsage, "replay": stripeReplayUsage, "verify": stripeVerifyUsage}[out.command]
 	cmd := newCommand("stripe "+out.command, usage, stdout, stderr)
 	if out.command == "replay" {
 		cmd.flags.DurationVar(&out.since, "since", 0, "replay the events created in the last `DURATION`, such as 72h (required; at most 720h, Stripe's 30 days)")
 		cmd.flags.BoolVar(&out.undelivered, "undelivered", false, "only events whose webhook delivery has not succeeded (Stripe's delivery_success=false)")
+	}
+	if out.command == "verify" {
+		cmd.flags.BoolVar(&out.repair, "repair", false, "store Stripe's state for each drifted row, as stripe sync does")
 	}
 	if _, err := cmd.parse(args[1:], 0); err != nil {
 		return stripeArgs{}, err
@@ -164,6 +187,10 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		fmt.Fprintf(stdout, "stripe sync: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
 		return err
 	}
+	if a.command == "verify" {
+		return stripeVerify(ctx, stripesync.VerifyConfig{API: api, Store: store, Repair: a.repair, Logger: logger,
+			Progress: newProgress(stderr, "stripe verify")}, stdout, start)
+	}
 
 	claims, closeRedis, err := cfg.openStore()
 	if err != nil {
@@ -182,6 +209,19 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		Logger: logger, Progress: newProgress(stderr, "stripe replay"),
 	})
 	fmt.Fprintf(stdout, "stripe replay: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
+	return err
+}
+
+// stripeVerify runs Verify, printing each drifted row as a JSON line and
+// the summary; drift is errDrift.
+func stripeVerify(ctx context.Context, cfg stripesync.VerifyConfig, stdout io.Writer, start time.Time) error {
+	enc := json.NewEncoder(stdout)
+	cfg.Report = func(d stripesync.Drift) { _ = enc.Encode(d) }
+	n, err := stripesync.Verify(ctx, cfg)
+	fmt.Fprintf(stdout, "stripe verify: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
+	if err == nil && n.Drifted() > 0 {
+		err = errDrift
+	}
 	return err
 }
 

@@ -45,6 +45,42 @@ func TestStripeCommandsOutput(t *testing.T) {
 	}
 }
 
+// stripe verify prints a JSON line per drifted row and a summary, and
+// its verdict is errDrift (exit 3) on drift, nil in sync; --repair
+// mends, and the next verify is in sync.
+func TestStripeVerifyOutput(t *testing.T) {
+	t.Parallel()
+	api := stripetest.New(t)
+	fx := stripetest.LoadFixtures(t)
+	created := time.Now().Add(-time.Hour).Unix()
+	api.PutSubscription(fx.Subscription(stripetest.Subscription{ID: "sub_vout", Customer: "cus_vout", Status: "active",
+		PriceID: "price_basic", Created: created, PeriodEnd: created + 30*86400}))
+	env := environ(map[string]string{
+		"DATABASE_URL": dbtest.NewDatabase(t), "STRIPE_API_KEY": stripetest.Key, "STRIPE_API_URL": api.URL().String(), "LOG_LEVEL": "warn",
+	})
+	verify := func(args ...string) (string, error) {
+		var stdout, stderr bytes.Buffer
+		err := run(t.Context(), append([]string{"munchable-webhooks", "stripe", "verify"}, args...), env, &stdout, &stderr)
+		return stdout.String(), err
+	}
+	out, err := verify()
+	if !errors.Is(err, errDrift) {
+		t.Fatalf("verify of an empty table: err = %v, want errDrift", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] != `{"kind":"subscription","id":"sub_vout","fields":{"exists":{"stored":false,"stripe":true}}}` ||
+		!strings.HasPrefix(lines[1], "stripe verify: 1 subscriptions and 1 customers compared") {
+		t.Errorf("verify stdout =\n%s\nwant the missing row as JSON, then the summary", out)
+	}
+	if out, err = verify("--repair"); !errors.Is(err, errDrift) || !strings.Contains(out, `"repaired":true`) {
+		t.Errorf("verify --repair: %v\n%s\nwant the row reported repaired, exit 3", err, out)
+	}
+	time.Sleep(time.Second) // past the repair's snapshot second
+	if out, err = verify(); err != nil || strings.Count(out, "\n") != 1 {
+		t.Errorf("verify after repair: %v\n%s\nwant in sync, the summary only", err, out)
+	}
+}
+
 // Progress goes to stderr at most once a second, a line per report.
 func TestProgressLine(t *testing.T) {
 	t.Parallel()
@@ -73,6 +109,9 @@ func TestStripeCommandLine(t *testing.T) {
 		{[]string{"--help"}, nil, "stdout", ""},
 		{[]string{"sync", "-h"}, nil, "stdout", ""},
 		{[]string{"replay", "--help"}, nil, "stdout", ""},
+		{[]string{"verify", "-h"}, nil, "stdout", ""},
+		{[]string{"verify", "--since", "1h"}, nil, "stderr", "not defined"},
+		{[]string{"verify", "--repair", "extra"}, nil, "stderr", "want 0 arguments"},
 		{nil, nil, "stderr", "missing command"},
 		{[]string{"frobnicate"}, nil, "stderr", "unknown command"},
 		{[]string{"sync", "--since", "1h"}, nil, "stderr", "not defined"},

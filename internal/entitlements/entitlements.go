@@ -361,7 +361,13 @@ func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Even
 // for the subscription can write it. Stripe is read between two such
 // transactions, and what it said is written only over the row it was
 // judged against (settle).
-const readSQL = `
+const readSQL = selectSubscriptionSQL + `
+FROM entitlements e WHERE stripe_subscription_id = $1
+FOR UPDATE`
+
+// selectSubscriptionSQL reads a stored subscription, its items as JSON,
+// in the order read scans them.
+const selectSubscriptionSQL = `
 SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
     cancel_at_period_end, cancel_at, canceled_at, ended_at, trial_start,
     trial_end, coalesce(pause_collection, ''), coalesce(livemode, false),
@@ -372,9 +378,7 @@ SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
         'start', extract(epoch FROM i.current_period_start)::bigint,
         'end', extract(epoch FROM i.current_period_end)::bigint)
         ORDER BY i.position)
-        FROM entitlement_items i WHERE i.stripe_subscription_id = e.stripe_subscription_id), '[]')
-FROM entitlements e WHERE stripe_subscription_id = $1
-FOR UPDATE`
+        FROM entitlement_items i WHERE i.stripe_subscription_id = e.stripe_subscription_id), '[]')`
 
 type storedItem struct {
 	ID        string  `json:"id"`
@@ -388,6 +392,19 @@ type storedItem struct {
 
 // read reads a stored subscription under its row lock.
 func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, error) {
+	st, err := scanSubscription(tx.QueryRow(ctx, readSQL, id), id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row[Subscription]{}, false, nil
+	}
+	if err != nil {
+		return row[Subscription]{}, false, fmt.Errorf("read subscription %s: %w", id, err)
+	}
+	return st, true, nil
+}
+
+// scanSubscription scans the columns of selectSubscriptionSQL, then any
+// given after them.
+func scanSubscription(r pgx.Row, id string, more ...any) (row[Subscription], error) {
 	var (
 		st                                                     row[Subscription]
 		periodEnd, cancelAt, canceledAt, endedAt, tStart, tEnd *time.Time
@@ -395,15 +412,12 @@ func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, e
 	)
 	sub := &st.state
 	sub.ID = id
-	err := tx.QueryRow(ctx, readSQL, id).Scan(&sub.CustomerID, &sub.Status,
+	err := r.Scan(append([]any{&sub.CustomerID, &sub.Status,
 		&sub.PriceID, &periodEnd, &sub.CancelAtPeriodEnd, &cancelAt,
 		&canceledAt, &endedAt, &tStart, &tEnd, &sub.PauseCollection,
-		&sub.Livemode, &sub.Metadata, &st.eventID, &st.storedAt, &items)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return row[Subscription]{}, false, nil
-	}
+		&sub.Livemode, &sub.Metadata, &st.eventID, &st.storedAt, &items}, more...)...)
 	if err != nil {
-		return row[Subscription]{}, false, fmt.Errorf("read subscription %s: %w", id, err)
+		return row[Subscription]{}, err
 	}
 	st.terminal = terminal(sub.Status)
 	sub.CurrentPeriodEnd, sub.CancelAt, sub.CanceledAt = value(periodEnd), value(cancelAt), value(canceledAt)
@@ -417,7 +431,7 @@ func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, e
 			PriceLookupKey: deref(it.LookupKey), Quantity: it.Quantity,
 			CurrentPeriodStart: unix(it.Start), CurrentPeriodEnd: unix(it.End)}
 	}
-	return st, true, nil
+	return st, nil
 }
 
 // subscriptionTie is a subscription event for settle.

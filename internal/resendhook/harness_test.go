@@ -109,6 +109,7 @@ func newFakeResend(t testing.TB) *fakeResend {
 		t.Fatal("attachments.json lists no attachment to copy")
 	}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /emails/receiving", f.listReceived) // sweep_test.go
 	mux.HandleFunc("GET /emails/receiving/{id}", f.get)
 	mux.HandleFunc("GET /emails/receiving/{id}/attachments", f.list)
 	mux.HandleFunc("GET /cdn/{email}/attachments/{id}", f.download)
@@ -363,6 +364,9 @@ type harness struct {
 	api     *fakeResend
 	reg     *prometheus.Registry
 	wh      *svix.Webhook
+	// receiver and ep are what handler runs on, for the sweep.
+	receiver *resendhook.Receiver
+	ep       *claim.Endpoint
 }
 
 type options struct {
@@ -438,7 +442,8 @@ func newHarness(t testing.TB, o options) *harness {
 	if len(bad) != 0 {
 		t.Fatalf("inbound addresses %q refused", bad)
 	}
-	h.handler = resendhook.New(resendhook.Config{
+	h.ep = ep
+	h.receiver = resendhook.New(resendhook.Config{
 		Queue:      support.NewQueue(h.pool),
 		Webhook:    h.wh,
 		APIKey:     apiKey,
@@ -450,7 +455,8 @@ func newHarness(t testing.TB, o options) *harness {
 		AttachmentMaxBytes: o.attachmentMax,
 		// The fake's download URLs are on loopback, over http.
 		DownloadAllowPrivate: !o.publicDownloadsOnly,
-	}).Handler(ep)
+	})
+	h.handler = h.receiver.Handler(ep)
 	return h
 }
 
