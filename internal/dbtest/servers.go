@@ -66,20 +66,7 @@ func StartRedis(t testing.TB) *RedisServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := LaunchRedis(dir, port)
-	if errors.Is(err, ErrNoBinary) {
-		skipOrFatal(t, err.Error())
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.tb = t
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop redis-server: %v", err)
-		}
-	})
-	return s
+	return startRedisArgs(t, dir, port)
 }
 
 // LaunchRedis starts redis-server on 127.0.0.1:port with dir as its working
