@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	svix "github.com/svix/svix-webhooks/go"
 
@@ -92,21 +91,7 @@ func TestRetryFailedMail(t *testing.T) {
 		t.Fatal(err)
 	}
 	event := []byte(`{"type":"email.received","created_at":"2026-12-01T10:00:00.000Z","data":{"email_id":"4ef9a417-02e9-4d39-ad75-9611e0fcc33c","created_at":"2026-12-01T10:00:00.000Z","from":"Ada <ada@example.com>","to":["support@munchable.app"],"message_id":"<m1@example.com>","subject":"Help","attachments":[]}}`)
-	now := time.Now()
-	sig, err := wh.Sign("msg_retry_1", now, event)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest(http.MethodPost, s.url+"/webhooks/resend", bytes.NewReader(event))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("svix-id", "msg_retry_1")
-	req.Header.Set("svix-timestamp", strconv.FormatInt(now.Unix(), 10))
-	req.Header.Set("svix-signature", sig)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := postResend(t, s.url, wh, "msg_retry_1", event)
 	if resp.StatusCode != http.StatusInternalServerError {
 		t.Fatalf("delivery with the API down: %d, want 500", resp.StatusCode)
 	}

@@ -358,24 +358,7 @@ func TestServeResendAndForm(t *testing.T) {
 		t.Fatal(err)
 	}
 	event := []byte(`{"type":"email.received","created_at":"2026-12-01T10:00:00.000Z","data":{"email_id":"4ef9a417-02e9-4d39-ad75-9611e0fcc33c","created_at":"2026-12-01T10:00:00.000Z","from":"Ada <ada@example.com>","to":["support@munchable.app"],"cc":[],"bcc":[],"message_id":"<m1@example.com>","subject":"Help","attachments":[]}}`)
-	deliver := func() *http.Response {
-		now := time.Now()
-		sig, err := wh.Sign("msg_e2e_1", now, event)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req, _ := http.NewRequest(http.MethodPost, s.url+"/webhooks/resend", bytes.NewReader(event))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("svix-id", "msg_e2e_1")
-		req.Header.Set("svix-timestamp", strconv.FormatInt(now.Unix(), 10))
-		req.Header.Set("svix-signature", sig)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp
-	}
+	deliver := func() *http.Response { return postResend(t, s.url, wh, "msg_e2e_1", event) }
 	if r := deliver(); r.StatusCode != 200 || r.Header.Get("Webhook-Idempotency") != "first" {
 		t.Fatalf("first resend delivery: %d %q", r.StatusCode, r.Header.Get("Webhook-Idempotency"))
 	}
@@ -467,4 +450,26 @@ func TestSlowHeadersCutOff(t *testing.T) {
 			}
 		}
 	}
+}
+
+// postResend signs event as Svix would, under svix-id id, posts it to the
+// service at url and returns the answer (its body closed).
+func postResend(t *testing.T, url string, wh *svix.Webhook, id string, event []byte) *http.Response {
+	t.Helper()
+	now := time.Now()
+	sig, err := wh.Sign(id, now, event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, url+"/webhooks/resend", bytes.NewReader(event))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("svix-id", id)
+	req.Header.Set("svix-timestamp", strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set("svix-signature", sig)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
 }
