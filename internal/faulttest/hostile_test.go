@@ -37,12 +37,18 @@ type heldRequest struct {
 // its goroutines end when release closes the connection.
 func hold(t *testing.T, addr, path string, announced int, body []byte) *heldRequest {
 	t.Helper()
+	return holdHead(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", path, addr, announced), body)
+}
+
+// holdHead sends head and then body on a connection of its own, and reads
+// the answer in the background.
+func holdHead(t *testing.T, addr, head string, body []byte) *heldRequest {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &heldRequest{conn: c, answer: make(chan *http.Response, 1)}
-	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", path, addr, announced)
 	h.done.Go(func() {
 		// Fails once the service answers and closes: that is the point.
 		if _, err := io.WriteString(c, head); err == nil {

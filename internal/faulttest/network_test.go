@@ -184,26 +184,7 @@ func TestManyConnectionsHoldingBodies(t *testing.T) {
 // announced bytes, of which it sends len(body), then holds.
 func formPost(t *testing.T, addr string, announced int, body []byte) *heldRequest {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &heldRequest{conn: c, answer: make(chan *http.Response, 1)}
-	head := fmt.Sprintf("POST /support/messages HTTP/1.1\r\nHost: %s\r\nContent-Type: application/x-www-form-urlencoded\r\nAccept: application/json\r\nContent-Length: %d\r\n\r\n", addr, announced)
-	h.done.Go(func() {
-		if _, err := io.WriteString(c, head); err == nil {
-			_, _ = c.Write(body)
-		}
-	})
-	h.done.Go(func() {
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			h.answer <- nil
-			return
-		}
-		h.answer <- resp
-	})
-	return h
+	return holdHead(t, addr, fmt.Sprintf("POST /support/messages HTTP/1.1\r\nHost: %s\r\nContent-Type: application/x-www-form-urlencoded\r\nAccept: application/json\r\nContent-Length: %d\r\n\r\n", addr, announced), body)
 }
 
 // The form's body goes through the webhooks' intake: 200 posts stalling

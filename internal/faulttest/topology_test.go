@@ -57,25 +57,7 @@ func newTopoRig(t *testing.T) *topoRig {
 // DATABASE_URL as the test says).
 func (r *topoRig) serviceOn(env map[string]string) *faulttest.Service {
 	r.t.Helper()
-	full := faulttest.BaseEnv()
-	full["DATABASE_URL"] = r.pg.URL()
-	full["RESEND_API_URL"] = r.api.URL()
-	full["REDIS_TIMEOUT"] = "1s"
-	for k, v := range env {
-		full[k] = v
-	}
-	svc, err := faulttest.NewService(serviceBin, full, filepath.Join(r.t.TempDir(), "service.log"))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		svc.Kill()
-		if r.t.Failed() {
-			r.t.Logf("service log (%s), last lines:\n%s", svc.LogPath(), svc.LogTail(30))
-		}
-	})
-	r.start(svc)
-	return svc
+	return r.service(env)
 }
 
 // readyz is the service's readiness answer.
