@@ -143,6 +143,14 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 		subject: f.CustomerID,
 		at:      ev.Created,
 		read: func(ctx context.Context, tx pgx.Tx) (row[Features], bool, error) {
+			// The customer's lock first, as every write of the row takes
+			// it: before any write of this transaction (so its txid follows
+			// the row's commit order, which the feed relies on), and before
+			// the row lock (a writer holding the advisory lock and waiting
+			// for the row would otherwise deadlock with this one).
+			if _, err := tx.Exec(ctx, lockFeaturesSQL, f.CustomerID); err != nil {
+				return row[Features]{}, false, fmt.Errorf("lock features of %s: %w", f.CustomerID, err)
+			}
 			st := row[Features]{state: Features{CustomerID: f.CustomerID}}
 			err := tx.QueryRow(ctx, readFeaturesSQL, f.CustomerID).
 				Scan(&st.state.LookupKeys, &st.state.Complete, &st.eventID, &st.storedAt)
