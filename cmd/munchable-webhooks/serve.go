@@ -343,6 +343,11 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	// the GC doubles into the heap goal (heap profile under make bench).
 	pcfg.ConnConfig.StatementCacheCapacity = 64
 	pcfg.ConnConfig.DescriptionCacheCapacity = 64
+	// The feed's before and after print timestamps in the session's time
+	// zone; in UTC they read the same whatever the server is set to, and
+	// match what the service builds for a subscription (docs/APP.md).
+	// PgBouncer passes TimeZone on.
+	pcfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

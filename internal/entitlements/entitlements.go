@@ -90,22 +90,19 @@ const ApplySQL = applySQL
 // which tells a stale event from a same-second one.
 //
 // The ledger and the feed ride in the same statement (internal/ledger's
-// fragments): old is the row and its items as the snapshot shows them,
-// which the lock taken before this statement makes the committed state;
-// judged and the last SELECT read it too, rather than look the row up
-// again. change is the feed's row, worked out column by column rather than
-// by diffing the row's JSON (ledger.AppendCTE), which cost as much as both
-// inserts (docs/PERFORMANCE.md); TestSubscriptionChangeIsTheRowsDiff holds
-// it to that diff:
-//   - same lists the fields that did not move (IS NOT DISTINCT FROM, which
-//     is what comparing their JSON said, NULLs included); before and after
-//     are the whole row's fields less those. A new row has no before, and
-//     its after is every field, nulls included.
-//   - the items are compared as one array of rows, the stored ones (old)
-//     against the parameters' (record comparison treats NULLs as equal),
-//     and their JSON is built only when they differ or the row is new.
-//   - the row's fields come from up (what was written), typed, never from
-//     the parameters.
+// fragments). old is the stored row's verdict fields, as the snapshot
+// shows them, which the lock taken before this statement makes the
+// committed state; judged and the last SELECT read it rather than look the
+// row up again. change is the feed's row: $29 is the subscription as the
+// feed describes it (stateJSON, built from the same values as the
+// parameters, so it is what up writes); a new row's change is all of it,
+// and an existing row's is what differs from the stored one
+// (subscription_state, read through the statement's snapshot, so before
+// this statement's writes). The diff lives in migration 00008's functions,
+// called only when there is an old row: as expressions in this statement
+// Postgres built them on every run, and they cost more than both inserts
+// (docs/PERFORMANCE.md). TestSubscriptionChangeIsTheRowsDiff holds the
+// change to the JSON diff of the row before and after.
 //
 // judged is the fast path's verdict, as fast reads it, or NULL for a tie
 // (settle records it). $26 is the event behind the change (the event, or a
@@ -113,14 +110,8 @@ const ApplySQL = applySQL
 // when this statement records none.
 const applySQL = `
 WITH old AS (
-    SELECT s.*, i.items
+    SELECT s.last_event_id, s.last_event_created, s.status
     FROM entitlements s
-    CROSS JOIN LATERAL (
-        SELECT coalesce(array_agg((i.stripe_item_id, i.price_id, i.product_id,
-            i.price_lookup_key, i.quantity, i.current_period_start,
-            i.current_period_end) ORDER BY i.position), '{}') AS items
-        FROM entitlement_items i
-        WHERE i.stripe_subscription_id = s.stripe_subscription_id) i
     WHERE s.stripe_subscription_id = $1
 ), up AS (
     INSERT INTO entitlements AS e (
@@ -153,7 +144,7 @@ WITH old AS (
        OR (e.status NOT IN ('canceled', 'incomplete_expired')
            AND (e.last_event_created < EXCLUDED.last_event_created
                 OR e.last_event_id = $9::text))
-    RETURNING e.*
+    RETURNING e.stripe_subscription_id
 ), gone AS (
     DELETE FROM entitlement_items
     WHERE stripe_subscription_id = $1 AND EXISTS (SELECT FROM up)
@@ -178,77 +169,16 @@ WITH old AS (
         current_period_start = EXCLUDED.current_period_start,
         current_period_end   = EXCLUDED.current_period_end,
         position             = EXCLUDED.position
-), cmp AS (
-    -- The written row beside what moved: the feed's change below.
-    SELECT u.*, o.stripe_subscription_id IS NOT NULL AS found,
-        o.stripe_subscription_id IS NULL OR o.items IS DISTINCT FROM ARRAY(
-            SELECT (i.id, i.price, i.product, i.lookup_key, i.quantity,
-                i.period_start, i.period_end)
-            FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
-                $24::timestamptz[], $25::timestamptz[])
-                WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
-                    period_start, period_end, position)
-            ORDER BY i.position) AS items_moved,
-        array_remove(ARRAY[
-            'stripe_subscription_id',
-            CASE WHEN o.stripe_customer_id IS NOT DISTINCT FROM u.stripe_customer_id THEN 'stripe_customer_id' END,
-            CASE WHEN o.status IS NOT DISTINCT FROM u.status THEN 'status' END,
-            CASE WHEN o.price_id IS NOT DISTINCT FROM u.price_id THEN 'price_id' END,
-            CASE WHEN o.current_period_end IS NOT DISTINCT FROM u.current_period_end THEN 'current_period_end' END,
-            CASE WHEN o.cancel_at_period_end IS NOT DISTINCT FROM u.cancel_at_period_end THEN 'cancel_at_period_end' END,
-            CASE WHEN o.cancel_at IS NOT DISTINCT FROM u.cancel_at THEN 'cancel_at' END,
-            CASE WHEN o.canceled_at IS NOT DISTINCT FROM u.canceled_at THEN 'canceled_at' END,
-            CASE WHEN o.ended_at IS NOT DISTINCT FROM u.ended_at THEN 'ended_at' END,
-            CASE WHEN o.trial_start IS NOT DISTINCT FROM u.trial_start THEN 'trial_start' END,
-            CASE WHEN o.trial_end IS NOT DISTINCT FROM u.trial_end THEN 'trial_end' END,
-            CASE WHEN o.pause_collection IS NOT DISTINCT FROM u.pause_collection THEN 'pause_collection' END,
-            CASE WHEN o.access_ends_at IS NOT DISTINCT FROM u.access_ends_at THEN 'access_ends_at' END,
-            CASE WHEN o.livemode IS NOT DISTINCT FROM u.livemode THEN 'livemode' END,
-            CASE WHEN o.metadata IS NOT DISTINCT FROM u.metadata THEN 'metadata' END], NULL) AS same
-    FROM up u LEFT JOIN old o ON true
 ), change(kind, subject, customer, event_id, before, after) AS (
-    SELECT '` + ledger.KindSubscription + `', c.stripe_subscription_id, c.stripe_customer_id, $26::text,
-        CASE WHEN c.found THEN (SELECT (jsonb_build_object(
-            'stripe_subscription_id', o.stripe_subscription_id,
-            'stripe_customer_id', o.stripe_customer_id, 'status', o.status,
-            'price_id', o.price_id, 'current_period_end', o.current_period_end,
-            'cancel_at_period_end', o.cancel_at_period_end, 'cancel_at', o.cancel_at,
-            'canceled_at', o.canceled_at, 'ended_at', o.ended_at,
-            'trial_start', o.trial_start, 'trial_end', o.trial_end,
-            'pause_collection', o.pause_collection, 'access_ends_at', o.access_ends_at,
-            'livemode', o.livemode, 'metadata', o.metadata)
-            || CASE WHEN c.items_moved THEN jsonb_build_object('items', coalesce((
-                SELECT jsonb_agg(jsonb_build_object('id', i.stripe_item_id,
-                    'price_id', i.price_id, 'product_id', i.product_id,
-                    'price_lookup_key', i.price_lookup_key, 'quantity', i.quantity,
-                    'current_period_start', i.current_period_start,
-                    'current_period_end', i.current_period_end) ORDER BY i.position)
-                FROM entitlement_items i
-                WHERE i.stripe_subscription_id = $1), '[]')) ELSE '{}' END)
-            - c.same FROM old o) END,
-        (jsonb_build_object(
-            'stripe_subscription_id', c.stripe_subscription_id,
-            'stripe_customer_id', c.stripe_customer_id, 'status', c.status,
-            'price_id', c.price_id, 'current_period_end', c.current_period_end,
-            'cancel_at_period_end', c.cancel_at_period_end, 'cancel_at', c.cancel_at,
-            'canceled_at', c.canceled_at, 'ended_at', c.ended_at,
-            'trial_start', c.trial_start, 'trial_end', c.trial_end,
-            'pause_collection', c.pause_collection, 'access_ends_at', c.access_ends_at,
-            'livemode', c.livemode, 'metadata', c.metadata)
-        || CASE WHEN c.items_moved THEN jsonb_build_object('items', coalesce((
-            SELECT jsonb_agg(jsonb_build_object('id', i.id, 'price_id', i.price,
-                'product_id', i.product, 'price_lookup_key', i.lookup_key,
-                'quantity', i.quantity, 'current_period_start', i.period_start,
-                'current_period_end', i.period_end) ORDER BY i.position)
-            FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[],
-                $24::timestamptz[], $25::timestamptz[])
-                WITH ORDINALITY AS i(id, price, product, lookup_key, quantity,
-                    period_start, period_end, position)), '[]')) ELSE '{}' END)
-        - CASE WHEN c.found THEN c.same ELSE '{}' END
-    FROM cmp c
-    -- Nothing is appended when no field moved: same names all 15 and the
-    -- items did not move (a replay, an event that moved only bookkeeping).
-    WHERE NOT c.found OR c.items_moved OR cardinality(c.same) < 15
+    -- OFFSET 0 keeps the subquery whole, so the diff runs once, not once
+    -- per field read from it. Nothing is appended when no field moved (a
+    -- replay, an event that moved only bookkeeping).
+    SELECT '` + ledger.KindSubscription + `', $1::text, $2::text, $26::text, (d.c).before, (d.c).after
+    FROM (SELECT CASE WHEN EXISTS (SELECT FROM old)
+                 THEN ledger_diff(subscription_state($1), $29::jsonb)
+                 ELSE ROW(NULL, $29::jsonb)::ledger_change END AS c
+          FROM up OFFSET 0) d
+    WHERE (d.c).after IS NOT NULL
 ), judged(provider, event_id, event_type, subject, outcome) AS (
     SELECT 'stripe', $27::text, $28::text, $1::text, CASE
         WHEN EXISTS (SELECT FROM up) THEN
@@ -295,6 +225,10 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 	if err != nil {
 		return written{}, err
 	}
+	state, err := stateJSON(sub, metadata)
+	if err != nil {
+		return written{}, err
+	}
 	n := len(sub.Items)
 	ids, prices := make([]string, n), make([]string, n)
 	products, lookupKeys := make([]*string, n), make([]*string, n)
@@ -317,7 +251,7 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 		nullTime(sub.EndedAt), nullTime(sub.TrialStart), nullTime(sub.TrialEnd),
 		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
 		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
-		cause, entryID(entry), entryType(entry))
+		cause, entryID(entry), entryType(entry), state)
 	br := q.SendBatch(ctx, b)
 	var w written
 	_, err = br.Exec()
@@ -520,6 +454,79 @@ func metadataJSON(m map[string]string) (string, error) {
 	}
 	b, err := json.Marshal(m)
 	return string(b), err
+}
+
+// state is a subscription as the feed describes it: its row without the
+// bookkeeping, and its items in order. Migration 00008's
+// subscription_state builds the same shape from the stored row, and
+// applySQL compares the two as jsonb, so the values here must print as
+// Postgres prints them: timestamps in UTC to the microsecond, absent ones
+// null, an empty item list [].
+type state struct {
+	ID                string          `json:"stripe_subscription_id"`
+	CustomerID        string          `json:"stripe_customer_id"`
+	Status            string          `json:"status"`
+	PriceID           *string         `json:"price_id"`
+	CurrentPeriodEnd  *string         `json:"current_period_end"`
+	CancelAtPeriodEnd bool            `json:"cancel_at_period_end"`
+	CancelAt          *string         `json:"cancel_at"`
+	CanceledAt        *string         `json:"canceled_at"`
+	EndedAt           *string         `json:"ended_at"`
+	TrialStart        *string         `json:"trial_start"`
+	TrialEnd          *string         `json:"trial_end"`
+	PauseCollection   *string         `json:"pause_collection"`
+	AccessEndsAt      *string         `json:"access_ends_at"`
+	Livemode          bool            `json:"livemode"`
+	Metadata          json.RawMessage `json:"metadata"`
+	Items             []itemState     `json:"items"`
+}
+
+type itemState struct {
+	ID                 string  `json:"id"`
+	PriceID            string  `json:"price_id"`
+	ProductID          *string `json:"product_id"`
+	PriceLookupKey     *string `json:"price_lookup_key"`
+	Quantity           *int64  `json:"quantity"`
+	CurrentPeriodStart *string `json:"current_period_start"`
+	CurrentPeriodEnd   *string `json:"current_period_end"`
+}
+
+// stateJSON is sub's state as JSON; metadata is its metadataJSON.
+func stateJSON(sub Subscription, metadata string) (string, error) {
+	st := state{
+		ID: sub.ID, CustomerID: sub.CustomerID, Status: sub.Status,
+		PriceID: nullString(sub.PriceID), CurrentPeriodEnd: jsonTime(sub.CurrentPeriodEnd),
+		CancelAtPeriodEnd: sub.CancelAtPeriodEnd, CancelAt: jsonTime(sub.CancelAt),
+		CanceledAt: jsonTime(sub.CanceledAt), EndedAt: jsonTime(sub.EndedAt),
+		TrialStart: jsonTime(sub.TrialStart), TrialEnd: jsonTime(sub.TrialEnd),
+		PauseCollection: nullString(sub.PauseCollection), AccessEndsAt: jsonTime(sub.AccessEndsAt()),
+		Livemode: sub.Livemode, Metadata: json.RawMessage(metadata),
+		Items: make([]itemState, len(sub.Items)),
+	}
+	for i, it := range sub.Items {
+		st.Items[i] = itemState{
+			ID: it.ID, PriceID: it.PriceID, ProductID: nullString(it.ProductID),
+			PriceLookupKey: nullString(it.PriceLookupKey), Quantity: it.Quantity,
+			CurrentPeriodStart: jsonTime(it.CurrentPeriodStart), CurrentPeriodEnd: jsonTime(it.CurrentPeriodEnd),
+		}
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return "", fmt.Errorf("subscription %s as JSON: %w", sub.ID, err)
+	}
+	// A string, not []byte: in the simple protocol (a transaction pooler's
+	// mode) pgx would send bytes as bytea.
+	return string(b), nil
+}
+
+// jsonTime prints t as Postgres prints a timestamptz in JSON in UTC, to the
+// microsecond it stores (pgx sends t truncated to it); nil for a zero t.
+func jsonTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Truncate(time.Microsecond).Format("2006-01-02T15:04:05.999999-07:00")
+	return &s
 }
 
 // provider names Stripe in the ledger, as the claim flow does.

@@ -33,7 +33,9 @@ const Channel = "munchable_changes"
 // with bookkeeping (updated_at, last_event_*) left out of both j. Only the
 // fields that differ are kept, before and after; before is null for a new
 // row; nothing is appended when no field differs (a replay, an event that
-// moved only bookkeeping).
+// moved only bookkeeping). The diff is migration 00008's ledger_diff, a
+// function, so that Postgres builds it only when it runs (OFFSET 0 keeps
+// it to one call per row).
 //
 // The id is drawn (nextval) when the row is inserted, which is after new's
 // rows exist, so after the written row's lock is held: of two
@@ -53,23 +55,20 @@ const Channel = "munchable_changes"
 // consumer for it. Alone, every change rings.
 const AppendCTE = `
 change(kind, subject, customer, event_id, before, after) AS (
-    SELECT n.kind, n.subject, n.customer, n.event_id, d.before, d.after
+    SELECT n.kind, n.subject, n.customer, n.event_id, (d.c).before, (d.c).after
     FROM new n
     LEFT JOIN old o ON true
-    CROSS JOIN LATERAL (
-        SELECT jsonb_object_agg(k.key, o.j -> k.key) FILTER (WHERE o.j IS NOT NULL) AS before,
-               jsonb_object_agg(k.key, k.value) AS after
-        FROM jsonb_each(n.j) k
-        WHERE k.value IS DISTINCT FROM o.j -> k.key) d
-    WHERE d.after IS NOT NULL
+    CROSS JOIN LATERAL (SELECT ledger_diff(o.j, n.j) AS c OFFSET 0) d
+    WHERE (d.c).after IS NOT NULL
 ),` + AppendChangeCTE
 
 // AppendChangeCTE appends the feed's row from change(kind, subject,
 // customer, event_id, before, after), for a statement that works out the
-// change's fields itself (applySQL, whose item set made AppendCTE's jsonb
-// diff the dearest part of a first delivery). It has at most one row, and
-// one only when something changed; it must read the written row (up) so
-// that the id is drawn after that row's lock is held.
+// change itself (applySQL: a new subscription's change is the state the
+// service built, with no diff to run, and only an existing one's calls
+// ledger_diff). It has at most one row, and one only when something
+// changed; it must read the written row (up) so that the id is drawn after
+// that row's lock is held.
 const AppendChangeCTE = `
 appended AS (
     INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)

@@ -56,6 +56,17 @@ func upsertValues() map[int]string {
 		24: "{2025-12-01 12:00:00+00}",
 		25: "{2025-12-31 12:00:00+00}",
 		28: "customer.subscription.updated", // the ledger row's event type
+		// The change's after: the subscription as the feed describes it
+		// (entitlements' stateJSON of the values above).
+		29: `{"stripe_subscription_id":"sub_bench","stripe_customer_id":"cus_QmunchableCust01",` +
+			`"status":"active","price_id":"price_1QmunchableMonthly",` +
+			`"current_period_end":"2025-12-31T12:00:00+00:00","cancel_at_period_end":false,` +
+			`"cancel_at":null,"canceled_at":null,"ended_at":null,"trial_start":"2025-11-17T12:00:00+00:00",` +
+			`"trial_end":"2025-12-01T12:00:00+00:00","pause_collection":"void",` +
+			`"access_ends_at":"2026-01-15T12:00:00+00:00","livemode":false,"metadata":{},` +
+			`"items":[{"id":"si_QmunchableItem01","price_id":"price_1QmunchableMonthly",` +
+			`"product_id":"prod_QmunchablePlan","price_lookup_key":"base_monthly","quantity":1,` +
+			`"current_period_start":"2025-12-01T12:00:00+00:00","current_period_end":"2025-12-31T12:00:00+00:00"}]}`,
 	}
 }
 
