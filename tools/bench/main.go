@@ -35,6 +35,7 @@ type options struct {
 	concurrency, rate int
 	rounds            int
 	goBin, serviceEnv string
+	against           string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -52,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rounds, "rounds", 2, "runs are split into this many interleaved rounds")
 	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service")
 	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. GOGC=200)")
+	fs.StringVar(&o.against, "against", "", "instead, compare first deliveries with the build of the module in this directory\n(a git worktree of the commit before a change), in alternating rounds")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -65,6 +67,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	h := &harness{o: o, log: stderr, started: time.Now()}
 	defer h.close()
+	if o.against != "" {
+		c, err := h.compare(ctx)
+		if err != nil {
+			return err
+		}
+		return h.write(c, stdout)
+	}
 	rep, err := h.measure(ctx)
 	if err != nil {
 		return err

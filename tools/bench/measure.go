@@ -58,7 +58,7 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 	if err := h.startServers(ctx); err != nil {
 		return nil, err
 	}
-	svc, err := h.startService(ctx)
+	svc, err := h.startService(ctx, ".", benchDB)
 	if err != nil {
 		return nil, err
 	}
@@ -133,11 +133,11 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
 	c := counters{}
 	var err error
-	if t.service {
+	if t.db != "" {
 		if c, err = settledMetrics("http://" + t.addr + "/metrics"); err != nil {
 			return nil, err
 		}
-		if c[pgStatements], err = statements(ctx, h.admin, benchDB); err != nil {
+		if c[pgStatements], err = statements(ctx, h.admin, t.db); err != nil {
 			return nil, err
 		}
 	}
@@ -185,7 +185,7 @@ func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool
 	}
 	res.c = delta(before, after)
 	h.logf("%-37s %6.0f req/s  p50 %6s  p99 %6s ms  cpu %4.0f µs/req  all %4.0f µs/req",
-		label(kind), res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)), res.per(targetCPU)/1e3, res.per(allCPU)/1e3)
+		label(kind)+map[string]string{againstDB: " (against)"}[w.target.db], res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)), res.per(targetCPU)/1e3, res.per(allCPU)/1e3)
 	// Figures of a run that did not do what it was meant to are not
 	// figures: fail the bench rather than report them.
 	if n := res.requests - res.statuses[w.status]; n > 0 {

@@ -28,8 +28,12 @@ const (
 	wrongSecret  = "whsec_bench_wrong"
 )
 
-// benchDB is the database the service writes to and pgbench runs in.
-const benchDB = "bench"
+// benchDB is the database the service writes to and pgbench runs in;
+// againstDB the one the build compared with (-against) writes to.
+const (
+	benchDB   = "bench"
+	againstDB = "bench_against"
+)
 
 // harness owns everything one bench run starts, and stops it in close.
 type harness struct {
@@ -102,7 +106,11 @@ func (h *harness) startServers(ctx context.Context) error {
 	// The service applies its migrations when it starts. The harness reads
 	// the statistics from the postgres database, so that its own queries
 	// are not counted in the service's.
-	return adminExec(ctx, h.pg.URL(), "CREATE EXTENSION pg_stat_statements", "CREATE DATABASE "+benchDB)
+	stmts := []string{"CREATE EXTENSION pg_stat_statements", "CREATE DATABASE " + benchDB}
+	if h.o.against != "" {
+		stmts = append(stmts, "CREATE DATABASE "+againstDB)
+	}
+	return adminExec(ctx, h.pg.URL(), stmts...)
 }
 
 func adminExec(ctx context.Context, url string, stmts ...string) error {
@@ -121,25 +129,26 @@ func adminExec(ctx context.Context, url string, stmts ...string) error {
 
 // target is a server under load: the service or a ceiling.
 type target struct {
-	addr    string
-	pid     int
-	service bool // has /metrics and writes to benchDB
+	addr string
+	pid  int
+	db   string // the database a service writes to; "" for a ceiling
 }
 
-// startService builds the service and starts it as operators run it, with
-// LOG_LEVEL=warn: deliveries that succeed or are duplicates then log
-// nothing, rejected ones still log their warning line.
-func (h *harness) startService(ctx context.Context) (target, error) {
-	bin := filepath.Join(h.work, "munchable-webhooks")
+// startService builds the service from the module in dir and starts it as
+// operators run it, writing to database db, with LOG_LEVEL=warn:
+// deliveries that succeed or are duplicates then log nothing, rejected
+// ones still log their warning line.
+func (h *harness) startService(ctx context.Context, dir, db string) (target, error) {
+	bin := filepath.Join(h.work, "munchable-webhooks-"+db)
 	// `make build`, the build the Dockerfile repeats, static and stripped:
 	// a plain go build links libc for cgo and maps 1.5 MiB more at idle,
 	// which peak RSS would count against the service.
-	build := exec.CommandContext(ctx, "make", "--no-print-directory", "build", "GO="+h.o.goBin, "BIN="+bin)
+	build := exec.CommandContext(ctx, "make", "--no-print-directory", "-C", dir, "build", "GO="+h.o.goBin, "BIN="+bin)
 	if out, err := build.CombinedOutput(); err != nil {
-		return target{}, fmt.Errorf("make build: %w\n%s", err, out)
+		return target{}, fmt.Errorf("make build in %s: %w\n%s", dir, err, out)
 	}
 	env := []string{
-		"DATABASE_URL=" + h.benchURL,
+		"DATABASE_URL=" + strings.Replace(h.benchURL, "/"+benchDB+"?", "/"+db+"?", 1),
 		"REDIS_URL=" + h.redis.URL(),
 		"STRIPE_WEBHOOK_SECRET=" + stripeSecret,
 		"RESEND_WEBHOOK_SECRET=whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==",
@@ -150,12 +159,12 @@ func (h *harness) startService(ctx context.Context) (target, error) {
 	if h.o.serviceEnv != "" {
 		env = append(env, strings.Split(h.o.serviceEnv, ",")...)
 	}
-	t, err := h.start("service", "/readyz", func(addr string) *exec.Cmd {
+	t, err := h.start("service-"+db, "/readyz", func(addr string) *exec.Cmd {
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(env, "LISTEN_ADDR="+addr)
 		return cmd
 	})
-	t.service = true
+	t.db = db
 	return t, err
 }
 
