@@ -81,15 +81,14 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		MaxConnections: cfg.MaxConnections,
 	})
 	led := ledger.New(pool, cfg.PoisonAfter)
-	// The trim is serve's goroutine: it ends when serve returns (or ctx
-	// ends), and serve waits for it before the pool closes.
-	trimCtx, stopTrim := context.WithCancel(ctx)
-	trimmed := make(chan struct{})
-	go func() {
-		defer close(trimmed)
-		led.RunRetention(trimCtx, cfg.EventsRetention, retentionInterval, logger)
-	}()
-	defer func() { stopTrim(); <-trimmed }()
+	// The ledger's trim and the feed's doorbell are serve's goroutines:
+	// they end when serve returns (or ctx ends), and serve waits for them
+	// before the pool closes.
+	defer background(ctx, func(ctx context.Context) {
+		led.RunRetention(ctx, cfg.EventsRetention, retentionInterval, logger)
+	})()
+	bell := ledger.NewDoorbell(pool)
+	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
@@ -325,6 +324,18 @@ func migrate(ctx context.Context, environ []string, stdout io.Writer) error {
 	level, _ := parseLevel(cfg.LogLevel) // validated
 	logger := newLogger(stdout, level)
 	return migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger)
+}
+
+// background runs f in a goroutine until stop, which cancels f's context
+// and waits for it to return.
+func background(ctx context.Context, f func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(ctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {

@@ -42,17 +42,8 @@ const Channel = "munchable_changes"
 // transactions that change one row, the one that commits first draws the
 // smaller id (docs/APP.md builds the consumer's order on it).
 //
-// pg_notify stands in RETURNING, which Postgres evaluates for every row it
-// inserts whether or not anything reads appended: NOTIFY is transactional,
-// so the doorbell rings at commit and never for a rollback. It rings only
-// when the transaction takes the doorbell's lock (a try, never a wait):
-// Postgres serialises the commits of all notifying transactions behind one
-// cluster-wide lock (async.c, PreCommit_Notify), which cut the upsert's
-// throughput to a third under 16 concurrent writers (docs/PERFORMANCE.md).
-// With the gate, at most one transaction at a time notifies; one that
-// finds the gate held appends its change silently, and the bell the holder
-// rings at its commit, the next one, or the consumer's poll wakes the
-// consumer for it. Alone, every change rings.
+// The writing transaction sends no NOTIFY: the Doorbell rings for it once
+// it has committed (see there for why).
 const AppendCTE = `
 change(kind, subject, customer, event_id, before, after) AS (
     SELECT n.kind, n.subject, n.customer, n.event_id, (d.c).before, (d.c).after
@@ -74,12 +65,8 @@ appended AS (
     INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)
     SELECT now(), c.kind, c.subject, c.customer, c.event_id, c.before, c.after
     FROM change c
-    RETURNING id, CASE WHEN ` + doorbellLockSQL + ` THEN pg_notify('` + Channel + `', id::text) END
+    RETURNING id
 )`
-
-// doorbellLockSQL is the doorbell's gate: a transaction-level advisory lock
-// on a key of the ledger's own.
-const doorbellLockSQL = `pg_try_advisory_xact_lock(hashtext('ledger'), hashtext('` + Channel + `'))`
 
 // Change is one row of the feed.
 type Change struct {
