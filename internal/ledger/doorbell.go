@@ -39,6 +39,8 @@ const horizonSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`
 // most every BellInterval costs nothing per delivery, and a rollback still
 // never rings. Consumers treat it as a doorbell either way: the consumer
 // query is the truth (docs/APP.md).
+//
+// A Doorbell is one goroutine's: Ring keeps where it last looked.
 type Doorbell struct {
 	pool *pgxpool.Pool
 	lo   string // the horizon at the last look
