@@ -32,8 +32,8 @@ Without --after it starts at the oldest change kept (EVENTS_RETENTION).
 and it polls every second for what no notification announces.`
 
 // changesPoll is how often tail --follow reads without a notification:
-// a change waiting behind an older transaction that changed nothing is
-// announced by none.
+// one can be missed (see ledger.Tail), and with no replica of the service
+// running none rings.
 const changesPoll = time.Second
 
 type changesConfig struct {

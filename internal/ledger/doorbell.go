@@ -39,12 +39,13 @@ const horizonSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`
 // become readable: after their transactions committed, and once no older
 // transaction still running can add a row before them. The writing
 // transactions do not ring it themselves. A NOTIFY takes a cluster-wide
-// lock from its transaction's pre-commit to its end (async.c), and under
-// make bench's load every delivery that rang, even behind a try-lock that
-// let one at a time ring, cost the first deliveries about a third of
-// their CPU again (docs/PERFORMANCE.md); a bell rung by each replica at
-// most every BellInterval costs nothing per delivery, and a rollback still
-// never rings. Consumers treat it as a doorbell either way: the consumer
+// lock from its transaction's pre-commit to its end (async.c), and the
+// try-lock that let one delivery at a time ring was itself a lock every
+// delivery took: against the build before the ledger, first deliveries
+// cost 69 % more CPU with the bell in their transactions and 9 % more
+// without it (one run each, docs/PERFORMANCE.md). A bell rung by each
+// replica at most every BellInterval costs nothing per delivery, and a
+// rollback still never rings. Consumers treat it as a doorbell either way: the consumer
 // query is the truth (docs/APP.md).
 //
 // A Doorbell is one goroutine's: Ring keeps where it last looked.

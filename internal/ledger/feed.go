@@ -206,9 +206,9 @@ func Read(ctx context.Context, q querier, c Cursor, limit int) ([]Change, Cursor
 // all there is (follow false) or ctx ends (follow true), and returns the
 // cursor after the last change handled: give it back to resume. With
 // follow it listens on Channel on a connection of its own: a
-// notification is only a doorbell (a change may still wait below the
-// horizon for an older transaction, which rings nothing if it changed
-// nothing), so it also reads every poll.
+// notification is only a doorbell (one sent while the connection was
+// being made is lost, and with no replica running nothing rings), so it
+// also reads every poll.
 func (l *Ledger) Tail(ctx context.Context, c Cursor, follow bool, poll time.Duration, each func(Change) error) (Cursor, error) {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
