@@ -3,6 +3,7 @@ package dbtest
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -187,4 +188,23 @@ func connect(t *testing.T, url string) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// TestPingOwnRedis: a server on the port answers the readiness check only
+// when it is the process that was started for it; one that took the port
+// first (a race on a free port) is told apart.
+func TestPingOwnRedis(t *testing.T) {
+	t.Parallel()
+	s := StartRedis(t)
+	if err := pingOwnRedis(s.Addr(), "", s.proc); err != nil {
+		t.Fatalf("the server's own process: %v", err)
+	}
+	other := exec.Command("sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	if err := pingOwnRedis(s.Addr(), "", &process{cmd: other}); err == nil {
+		t.Fatal("another process's port passed the readiness check")
+	}
 }

@@ -156,7 +156,7 @@ func (s *RedisServer) launch() error {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.proc = proc
-	if err := proc.waitReady(func() error { return pingRedis(s.Addr(), s.password()) }, logPath); err != nil {
+	if err := proc.waitReady(func() error { return pingOwnRedis(s.Addr(), s.password(), proc) }, logPath); err != nil {
 		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
 	}
 	return nil
@@ -176,23 +176,11 @@ func (s *RedisServer) password() string {
 // which needs no client library and works before any configuration the
 // tests might apply.
 func pingRedis(addr, password string) error {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	conn, r, err := dialRedis(addr, password)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(time.Second)); err != nil {
-		return err
-	}
-	r := bufio.NewReader(conn)
-	if password != "" {
-		if _, err := io.WriteString(conn, "AUTH "+password+"\r\n"); err != nil {
-			return err
-		}
-		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
-			return fmt.Errorf("AUTH answered %q: %v", line, err)
-		}
-	}
 	if _, err := io.WriteString(conn, "PING\r\n"); err != nil {
 		return err
 	}
@@ -202,6 +190,64 @@ func pingRedis(addr, password string) error {
 	}
 	if line != "+PONG\r\n" {
 		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+// dialRedis connects to addr, with a second's deadline, and AUTHs when
+// password is set.
+func dialRedis(addr, password string) (net.Conn, *bufio.Reader, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := conn.SetDeadline(time.Now().Add(time.Second)); err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	r := bufio.NewReader(conn)
+	if password != "" {
+		if _, err := io.WriteString(conn, "AUTH "+password+"\r\n"); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			conn.Close()
+			return nil, nil, fmt.Errorf("AUTH answered %q: %v", line, err)
+		}
+	}
+	return conn, r, nil
+}
+
+// pingOwnRedis asks the server at addr for its process id and wants
+// proc's. A free port is free only when FreePort looks: another
+// test's server can take it first, and then this one exits ("Address
+// already in use") while a plain PING is answered by the other one.
+func pingOwnRedis(addr, password string, proc *process) error {
+	conn, r, err := dialRedis(addr, password)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "INFO server\r\n"); err != nil {
+		return err
+	}
+	// The answer is a bulk string: $length, then that many bytes.
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return fmt.Errorf("INFO answered %q", head)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(proc.cmd.Process.Pid) + "\r\n"
+	if !strings.Contains(string(b), want) {
+		return fmt.Errorf("%s is another process's (INFO server has no %q)", addr, strings.TrimSpace(want))
 	}
 	return nil
 }

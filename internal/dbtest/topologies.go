@@ -210,7 +210,7 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 			t.Errorf("stop sentinel: %v", err)
 		}
 	})
-	if err := s.proc.waitReady(func() error { return pingRedis(s.SentinelAddr(), "") }, logPath); err != nil {
+	if err := s.proc.waitReady(func() error { return pingOwnRedis(s.SentinelAddr(), "", s.proc) }, logPath); err != nil {
 		t.Fatalf("sentinel: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
