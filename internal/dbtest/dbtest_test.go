@@ -143,6 +143,13 @@ func TestRedisServerKillStart(t *testing.T) {
 func TestPostgresServerKillStart(t *testing.T) {
 	t.Parallel()
 	s := StartPostgres(t)
+	// The readiness check knows this server from another on the port.
+	if err := pingPostgres(s.URL(), s.dataDir()); err != nil {
+		t.Fatalf("the server's own data directory: %v", err)
+	}
+	if err := pingPostgres(s.URL(), t.TempDir()); err == nil {
+		t.Fatal("another server's data directory passed the readiness check")
+	}
 	query := func(conn *pgx.Conn) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()

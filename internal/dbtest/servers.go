@@ -438,22 +438,33 @@ func (s *PostgresServer) launch() error {
 		return fmt.Errorf("start postgres: %w", err)
 	}
 	s.proc = proc
-	if err := proc.waitReady(func() error { return pingPostgres(s.URL()) }, logPath); err != nil {
+	if err := proc.waitReady(func() error { return pingPostgres(s.URL(), s.dataDir()) }, logPath); err != nil {
 		return fmt.Errorf("postgres on port %d: %w", s.port, err)
 	}
 	return nil
 }
 
 // pingPostgres connects once, which succeeds only when the server accepts
-// connections: not while it starts up or recovers.
-func pingPostgres(url string) error {
+// connections: not while it starts up or recovers. It also wants the
+// server's data directory to be dataDir: a free port is free only when
+// FreePort looks, and another test's server that took it first would
+// answer for this one, which exits (as pingOwnRedis tells Redis apart).
+func pingPostgres(url, dataDir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	conn, err := pgconn.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
-	return conn.Close(ctx)
+	defer conn.Close(ctx)
+	res, err := conn.Exec(ctx, "SHOW data_directory").ReadAll()
+	if err != nil {
+		return err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || filepath.Clean(string(res[0].Rows[0][0])) != filepath.Clean(dataDir) {
+		return fmt.Errorf("%s is another server's (its data directory is not %s)", url, dataDir)
+	}
+	return nil
 }
 
 // postgresBin returns the directory holding initdb and postgres: $PG_BIN if
