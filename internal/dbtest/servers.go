@@ -28,6 +28,24 @@ var ErrNoBinary = errors.New("server binary not found")
 // errExited reports a server that exited before it was ready.
 var errExited = errors.New("exited before it was ready")
 
+// onFreePort runs start on a free port, and again on another when the
+// server exited before it was ready: a port is free only when FreePort
+// looks, and another test's server can take it (or, for a cluster node,
+// its bus port, 10000 above) before this one binds it.
+func onFreePort(start func(port int) error) error {
+	var err error
+	for range 5 {
+		var port int
+		if port, err = FreePort(); err != nil {
+			return err
+		}
+		if err = start(port); !errors.Is(err, errExited) {
+			return err
+		}
+	}
+	return err
+}
+
 const (
 	// startTimeout bounds how long a server may take to become ready,
 	// including crash recovery after Kill.
@@ -61,12 +79,7 @@ type RedisServer struct {
 // Without redis-server on PATH the test is skipped (failed under CI=true).
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
-	dir := t.TempDir() // removed after the Stop below, as cleanups run in reverse
-	port, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return startRedisArgs(t, dir, port)
+	return startRedisArgs(t, t.TempDir()) // dir is removed after the Stop, as cleanups run in reverse
 }
 
 // LaunchRedis starts redis-server on 127.0.0.1:port with dir as its working

@@ -58,18 +58,13 @@ func (c *RedisCluster) Addrs() []string {
 func StartRedisCluster(t testing.TB) *RedisCluster {
 	t.Helper()
 	c := &RedisCluster{}
-	for i := range 3 {
+	for range 3 {
 		dir := t.TempDir()
-		port, err := FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := startRedisArgs(t, dir, port,
+		s := startRedisArgs(t, dir,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", "2000",
 		)
-		_ = i
 		c.Nodes = append(c.Nodes, s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
@@ -119,17 +114,17 @@ func (c *RedisCluster) form(ctx context.Context) error {
 // (AUTH), stopped in t.Cleanup.
 func StartRedisWithPassword(t testing.TB, password string) *RedisServer {
 	t.Helper()
-	port, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return startRedisArgs(t, t.TempDir(), port, "--requirepass", password)
+	return startRedisArgs(t, t.TempDir(), "--requirepass", password)
 }
 
 // startRedisArgs is StartRedis with extra redis-server arguments.
-func startRedisArgs(t testing.TB, dir string, port int, extra ...string) *RedisServer {
+func startRedisArgs(t testing.TB, dir string, extra ...string) *RedisServer {
 	t.Helper()
-	s, err := launchRedis(dir, port, extra...)
+	var s *RedisServer
+	err := onFreePort(func(port int) (err error) {
+		s, err = launchRedis(dir, port, extra...)
+		return err
+	})
 	if errors.Is(err, ErrNoBinary) {
 		skipOrFatal(t, err.Error())
 	}
@@ -171,48 +166,42 @@ func (s *RedisSentinel) URL() string {
 // knows the replica as a good failover target. All stop in t.Cleanup.
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
-	primaryPort, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := &RedisSentinel{}
-	s.Primary = startRedisArgs(t, t.TempDir(), primaryPort)
-	replicaPort, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Replica = startRedisArgs(t, t.TempDir(), replicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(primaryPort))
-	if s.sentinelPort, err = FreePort(); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf") // the sentinel rewrites it
-	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
-		"sentinel monitor %s 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds %s 2000\n"+
-		"sentinel failover-timeout %s 10000\n",
-		s.sentinelPort, dir, SentinelMaster, primaryPort, SentinelMaster, SentinelMaster)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	s.Primary = startRedisArgs(t, t.TempDir())
+	primaryPort := s.Primary.port
+	s.Replica = startRedisArgs(t, t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(primaryPort))
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFatal(t, fmt.Sprintf("%v: redis-server: %v", ErrNoBinary, err))
 	}
-	cmd := exec.Command(bin, conf, "--sentinel")
-	cmd.Dir = dir
+	dir := t.TempDir()
 	logPath := filepath.Join(dir, "sentinel.log")
-	if s.proc, err = startProcess(cmd, logPath, nil); err != nil {
-		t.Fatalf("start sentinel: %v", err)
+	err = onFreePort(func(port int) error {
+		s.sentinelPort = port
+		conf := filepath.Join(dir, "sentinel.conf") // the sentinel rewrites it
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+			"sentinel monitor %s 127.0.0.1 %d 1\n"+
+			"sentinel down-after-milliseconds %s 2000\n"+
+			"sentinel failover-timeout %s 10000\n",
+			port, dir, SentinelMaster, primaryPort, SentinelMaster, SentinelMaster)
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			return err
+		}
+		cmd := exec.Command(bin, conf, "--sentinel")
+		cmd.Dir = dir
+		if s.proc, err = startProcess(cmd, logPath, nil); err != nil {
+			return fmt.Errorf("start sentinel: %w", err)
+		}
+		return s.proc.waitReady(func() error { return pingOwnRedis(s.SentinelAddr(), "", s.proc) }, logPath)
+	})
+	if err != nil {
+		t.Fatalf("sentinel: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := s.proc.stop(os.Interrupt, stopTimeout); err != nil {
 			t.Errorf("stop sentinel: %v", err)
 		}
 	})
-	if err := s.proc.waitReady(func() error { return pingOwnRedis(s.SentinelAddr(), "", s.proc) }, logPath); err != nil {
-		t.Fatalf("sentinel: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	if err := s.waitReplicaKnown(ctx); err != nil {
