@@ -55,6 +55,38 @@ func TestRender(t *testing.T) {
 	}
 }
 
+// A comparison keeps the load generator's CPU out of a delivery's, and
+// compares each round's two runs as well as the totals.
+func TestRenderComparison(t *testing.T) {
+	t.Parallel()
+	c := &comparison{o: options{rounds: 3, duration: 3 * time.Second, rate: 1000, against: "../pre"}}
+	run := func(requests int, all, load float64) result {
+		return result{requests: requests, elapsed: time.Second, lat: []time.Duration{time.Millisecond},
+			statuses: map[int]int{200: requests}, c: counters{allCPU: all, loadCPU: load, targetCPU: all / 2}}
+	}
+	for mode := range 2 {
+		// Delivery CPU per request, this build against the other: 120 vs
+		// 100 µs, 110 vs 100, 300 vs 200 (a round the machine slowed).
+		c.rounds[mode] = [][2]result{
+			{run(1000, 150e6, 30e6), run(1000, 130e6, 30e6)},
+			{run(1000, 140e6, 30e6), run(1000, 130e6, 30e6)},
+			{run(1000, 330e6, 30e6), run(1000, 230e6, 30e6)},
+		}
+	}
+	var b strings.Builder
+	c.render(&b)
+	for _, want := range []string{
+		"| this build | 1,000 | 1.00 | 1.00 | 103 | 177 | 207 | 0.00 | 0.00 |",
+		"| ../pre | 1,000 | 1.00 | 1.00 | 82 | 133 | 163 | 0.00 | 0.00 |",
+		"| change | +0 % |  |  | +27 % | +32 % | +27 % |  |  |",
+		"Delivery CPU, this build's change round by round: median +20 %, from +10 % to +50 %.",
+	} {
+		if strings.Count(b.String(), want) != 2 {
+			t.Errorf("comparison lacks %q in both modes:\n%s", want, b.String())
+		}
+	}
+}
+
 // The service counts a delivery just after answering it: the harness reads
 // its metrics until the count stops moving, so that the last answers of one
 // run are not counted in the next.

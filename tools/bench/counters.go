@@ -27,6 +27,7 @@ const (
 	pgStatements = "postgres statements"
 	targetCPU    = "target CPU ns" // the target process's own
 	allCPU       = "all CPU ns"    // see ourCPU
+	loadCPU      = "load CPU ns"   // this process's own: the load generator
 )
 
 // redisRoundTrips reads the replies Redis has written: one per round trip

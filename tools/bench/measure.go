@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
@@ -148,8 +149,12 @@ func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
 	if err != nil {
 		return nil, err
 	}
+	_, load, _, err := procStat(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
 	all, err := ourCPU()
-	c[targetCPU], c[allCPU] = float64(own), float64(all)
+	c[targetCPU], c[allCPU], c[loadCPU] = float64(own), float64(all), float64(load)
 	return c, err
 }
 
