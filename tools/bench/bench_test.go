@@ -76,9 +76,9 @@ func TestRenderComparison(t *testing.T) {
 	var b strings.Builder
 	c.render(&b)
 	for _, want := range []string{
-		"| this build | 1,000 | 1.00 | 1.00 | 103 | 177 | 207 | 0.00 | 0.00 |",
-		"| ../pre | 1,000 | 1.00 | 1.00 | 82 | 133 | 163 | 0.00 | 0.00 |",
-		"| change | +0 % |  |  | +27 % | +32 % | +27 % |  |  |",
+		"| this build | 1,000 | 1.00 | 1.00 | 103 | 177 | 207 | 0.00 | 0.00 | 0.00 |",
+		"| ../pre | 1,000 | 1.00 | 1.00 | 82 | 133 | 163 | 0.00 | 0.00 | 0.00 |",
+		"| change | +0 % |  |  | +27 % | +32 % | +27 % |  |  |  |",
 		"Delivery CPU, this build's change round by round: median +20 %, from +10 % to +50 %.",
 	} {
 		if strings.Count(b.String(), want) != 2 {

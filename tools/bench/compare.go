@@ -100,15 +100,15 @@ func (c *comparison) render(w io.Writer) {
 			r := builds[i]
 			rows = append(rows, []string{name, rps(r.throughput()), ms(r.percentile(.5)), ms(r.percentile(.99)),
 				us(r.per(targetCPU)), us(deliveryCPU(r)), us(r.per(allCPU)),
-				fmt.Sprintf("%.2f", r.per(pgStatements)), fmt.Sprintf("%.2f", r.per(roundTrips))})
+				fmt.Sprintf("%.2f", r.per(pgStatements)), fmt.Sprintf("%.2f", r.per(pgPlans)), fmt.Sprintf("%.2f", r.per(roundTrips))})
 		}
 		this, other := builds[0], builds[1]
 		rows = append(rows, []string{"change", change(this.throughput(), other.throughput()), "", "",
 			change(this.per(targetCPU), other.per(targetCPU)), change(deliveryCPU(this), deliveryCPU(other)),
-			change(this.per(allCPU), other.per(allCPU)), "", ""})
+			change(this.per(allCPU), other.per(allCPU)), "", "", ""})
 		fmt.Fprintf(w, "## %s\n\n", title)
 		table(w, []string{"build", "req/s", "p50 ms", "p99 ms", "process CPU µs/req", "delivery CPU µs/req", "all our CPU µs/req",
-			"Postgres statements", "Redis round trips"}, rows)
+			"Postgres statements", "Postgres plans", "Redis round trips"}, rows)
 		slices.Sort(perRound)
 		fmt.Fprintf(w, "Delivery CPU, this build's change round by round: median %s, from %s to %s.\n\n",
 			change(median(perRound), 1), change(perRound[0], 1), change(perRound[len(perRound)-1], 1))

@@ -25,6 +25,7 @@ type counters map[string]float64
 const (
 	roundTrips   = "redis round trips"
 	pgStatements = "postgres statements"
+	pgPlans      = "postgres plans"
 	targetCPU    = "target CPU ns" // the target process's own
 	allCPU       = "all CPU ns"    // see ourCPU
 	loadCPU      = "load CPU ns"   // this process's own: the load generator
@@ -43,16 +44,15 @@ func redisRoundTrips(ctx context.Context, rdb *redis.Client) (float64, error) {
 }
 
 // statements reads how many statements pg_stat_statements has counted in
-// database db. conn is to another database, so that reading does not
-// count.
-func statements(ctx context.Context, conn *pgx.Conn, db string) (float64, error) {
+// database db, and how many plans it built for them. conn is to another
+// database, so that reading does not count.
+func statements(ctx context.Context, conn *pgx.Conn, db string) (calls, plans float64, err error) {
 	const q = `
-SELECT coalesce(sum(s.calls), 0)
+SELECT coalesce(sum(s.calls), 0), coalesce(sum(s.plans), 0)
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = $1`
-	var n float64
-	err := conn.QueryRow(ctx, q, db).Scan(&n)
-	return n, err
+	err = conn.QueryRow(ctx, q, db).Scan(&calls, &plans)
+	return calls, plans, err
 }
 
 // settledMetrics reads the service's metrics until two reads 10 ms apart

@@ -138,7 +138,7 @@ func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
 		if c, err = settledMetrics("http://" + t.addr + "/metrics"); err != nil {
 			return nil, err
 		}
-		if c[pgStatements], err = statements(ctx, h.admin, t.db); err != nil {
+		if c[pgStatements], c[pgPlans], err = statements(ctx, h.admin, t.db); err != nil {
 			return nil, err
 		}
 	}
