@@ -78,10 +78,10 @@ func (r *report) render(w io.Writer) {
 	var rows [][]string
 	for j, p := range r.runs[0][:chiCeiling] {
 		rows = append(rows, []string{label(j), fmt.Sprintf("%.2f", p.per(roundTrips)), fmt.Sprintf("%.2f", p.per(pgStatements)),
-			fmt.Sprintf("%.0f", p.per("go_memstats_alloc_bytes_total")), fmt.Sprintf("%.1f", p.per("go_memstats_mallocs_total")),
+			fmt.Sprintf("%.2f", p.per(pgPlans)), fmt.Sprintf("%.0f", p.per("go_memstats_alloc_bytes_total")), fmt.Sprintf("%.1f", p.per("go_memstats_mallocs_total")),
 			fmt.Sprintf("%.2f", 1000*p.per("go_gc_duration_seconds_count"))})
 	}
-	table(w, []string{"case", "Redis round trips", "Postgres statements", "bytes allocated", "objects allocated", "GCs per 1,000"}, rows)
+	table(w, []string{"case", "Redis round trips", "Postgres statements", "Postgres plans", "bytes allocated", "objects allocated", "GCs per 1,000"}, rows)
 
 	fmt.Fprintf(w, "Peak RSS of the service (VmHWM), after %d duplicates in flight: %s.\n\n", rssConcurrency, mib(r.peakRSS))
 }
