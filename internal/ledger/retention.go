@@ -48,10 +48,10 @@ SELECT count(*), count(*) FILTER (WHERE old), coalesce(max(id), 0) FROM batch`
 var errLockHeld = errors.New("another replica holds the trim lock")
 
 // Trim deletes the rows of webhook_events and changes older than
-// retention, walking each table by id trimBatch rows at a time, pausing between batches as long as the
-// batch took (so it takes at most about half of one core), and returns how
-// many it deleted. It returns early, with no error, when another replica
-// is trimming.
+// retention, walking each table by id trimBatch rows at a time, pausing
+// between batches as long as the batch took (so it takes at most about
+// half of one core), and returns how many it deleted. It returns early,
+// with no error, when another replica is trimming.
 func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, changes int64, err error) {
 	cutoff := time.Now().Add(-retention)
 	for _, t := range []struct {
