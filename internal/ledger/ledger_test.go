@@ -133,30 +133,6 @@ INSERT INTO changes (at, kind, subject) SELECT now() - interval '40 days', 'subs
 	}
 }
 
-// The trim walks the primary key, so a row whose id is older than its
-// time (webhook_events ids are drawn 64 at a time per connection) neither
-// stops it nor is trimmed early.
-func TestTrimWalksPastYoungRows(t *testing.T) {
-	t.Parallel()
-	pool := dbtest.NewPool(t)
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `
-INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at) VALUES ('stripe', 'young', 'applied', 1, now());
-INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at)
-SELECT 'stripe', 'old_' || i, 'applied', 1, now() - interval '40 days' FROM generate_series(1, 2500) i;`); err != nil {
-		t.Fatal(err)
-	}
-	events, _, err := ledger.New(pool, 5).Trim(ctx, 720*time.Hour)
-	if err != nil || events != 2500 {
-		t.Fatalf("Trim = %d, %v; want 2500", events, err)
-	}
-	var left []string
-	rows, _ := pool.Query(ctx, `SELECT event_id FROM webhook_events`)
-	if left, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(left, []string{"young"}) {
-		t.Errorf("left %v, %v; want the young row", left, err)
-	}
-}
-
 // TestTrimKeepsDeliveryLatency trims a million rows while deliveries'
 // writes run beside it, and reports their latency before and during. On a
 // shared machine only a gross stall can be asserted: no write may wait

@@ -22,57 +22,46 @@ const trimBatch = 1000
 // the tables' names.
 const trimLockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('webhook_events'), hashtext('changes'))`
 
-// trimSQL trims one batch of table: of the trimBatch rows after id $3, in
-// the primary key's order, those whose time column is before $1. It
-// reports how many rows the batch read, how many of them were old, and its
-// last id. Ids follow time: changes draws its ids one at a time, and a
-// webhook_events id is drawn at most a connection's lifetime before its
-// row is written (the sequence hands each backend 64 at a time). So a walk
-// from the oldest id, skipping the young rows it meets, is done at the
-// first batch with no old row. A walk by id, resuming after the last one,
-// reads each row once: a walk in time order would read through the dead
-// entries of every batch before it, and the time columns' BRIN indexes
-// give no order (migration 00009).
-func trimSQL(table, at string) string {
-	return `
-WITH batch AS (
-    SELECT id, ` + at + ` < $1 AS old FROM ` + table + `
-    WHERE id > $3 ORDER BY id LIMIT $2
-), gone AS (
-    DELETE FROM ` + table + ` WHERE id IN (SELECT id FROM batch WHERE old)
+// The trims go by the indexes on first_seen_at and at, in batches named
+// by id: the oldest rows first, none twice.
+const (
+	trimEventsSQL = `
+DELETE FROM webhook_events WHERE id IN (
+    SELECT id FROM webhook_events WHERE first_seen_at < $1
+    ORDER BY first_seen_at LIMIT $2)`
+	trimChangesSQL = `
+DELETE FROM changes WHERE id IN (
+    SELECT id FROM changes WHERE at < $1
+    ORDER BY at LIMIT $2)`
 )
-SELECT count(*), count(*) FILTER (WHERE old), coalesce(max(id), 0) FROM batch`
-}
 
 // errLockHeld: another replica is trimming.
 var errLockHeld = errors.New("another replica holds the trim lock")
 
 // Trim deletes the rows of webhook_events and changes older than
-// retention, walking each table by id trimBatch rows at a time, pausing
-// between batches as long as the batch took (so it takes at most about
-// half of one core), and returns how many it deleted. It returns early,
-// with no error, when another replica is trimming.
+// retention, trimBatch at a time, pausing between batches as long as the
+// batch took (so it takes at most about half of one core), and returns how
+// many it deleted. It returns early, with no error, when another replica
+// is trimming.
 func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, changes int64, err error) {
 	cutoff := time.Now().Add(-retention)
 	for _, t := range []struct {
 		sql string
 		n   *int64
-	}{{trimSQL("webhook_events", "first_seen_at"), &events}, {trimSQL("changes", "at"), &changes}} {
-		var after int64
+	}{{trimEventsSQL, &events}, {trimChangesSQL, &changes}} {
 		for {
 			start := time.Now()
-			read, old, last, err := l.trimBatch(ctx, t.sql, cutoff, after)
-			*t.n += old
+			n, err := l.trimBatch(ctx, t.sql, cutoff)
+			*t.n += n
 			if errors.Is(err, errLockHeld) {
 				return events, changes, nil
 			}
 			if err != nil {
 				return events, changes, err
 			}
-			if read < trimBatch || old == 0 {
+			if n < trimBatch {
 				break
 			}
-			after = last
 			select {
 			case <-ctx.Done():
 				return events, changes, ctx.Err()
@@ -83,8 +72,9 @@ func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, cha
 	return events, changes, nil
 }
 
-func (l *Ledger) trimBatch(ctx context.Context, sql string, cutoff time.Time, after int64) (read, old, last int64, err error) {
-	err = pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+func (l *Ledger) trimBatch(ctx context.Context, sql string, cutoff time.Time) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 		var got bool
 		if err := tx.QueryRow(ctx, trimLockSQL).Scan(&got); err != nil {
 			return err
@@ -92,12 +82,14 @@ func (l *Ledger) trimBatch(ctx context.Context, sql string, cutoff time.Time, af
 		if !got {
 			return errLockHeld
 		}
-		return tx.QueryRow(ctx, sql, cutoff, trimBatch, after).Scan(&read, &old, &last)
+		tag, err := tx.Exec(ctx, sql, cutoff, trimBatch)
+		n = tag.RowsAffected()
+		return err
 	})
 	if err != nil && !errors.Is(err, errLockHeld) {
-		return 0, 0, 0, fmt.Errorf("trim ledger: %w", err)
+		return 0, fmt.Errorf("trim ledger: %w", err)
 	}
-	return read, old, last, err
+	return n, err
 }
 
 // RunRetention trims every interval until ctx ends, and returns then: the
