@@ -193,6 +193,9 @@ func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool
 		label(kind)+map[string]string{againstDB: " (against)"}[w.target.db], res.throughput(), ms(res.percentile(.5)), ms(res.percentile(.99)), res.per(targetCPU)/1e3, res.per(allCPU)/1e3)
 	// Figures of a run that did not do what it was meant to are not
 	// figures: fail the bench rather than report them.
+	if res.requests == 0 {
+		return result{}, fmt.Errorf("%s: no requests in %s", label(kind), d)
+	}
 	if n := res.requests - res.statuses[w.status]; n > 0 {
 		return result{}, fmt.Errorf("%s: %d of %d answers were not %d (%v; first error: %v)", label(kind), n, res.requests, w.status, res.statuses, res.firstErr)
 	}

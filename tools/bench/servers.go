@@ -107,14 +107,38 @@ func (h *harness) startServers(ctx context.Context) error {
 	// the statistics from the postgres database, so that its own queries
 	// are not counted in the service's.
 	// track_planning counts the plans Postgres builds: a prepared statement
-	// planned again on every run costs more than the rest of it. (It exists
-	// once the library is loaded, and a reload applies it.)
+	// planned again on every run costs more than the rest of it. It adds a
+	// little to each plan, and a statement on its generic plan has none.
+	// The setting exists once the library is loaded; the reload applies it
+	// to the connections opened after it, which trackingPlans waits for.
 	stmts := []string{"CREATE EXTENSION pg_stat_statements", "CREATE DATABASE " + benchDB,
 		"ALTER SYSTEM SET pg_stat_statements.track_planning = on", "SELECT pg_reload_conf()"}
 	if h.o.against != "" {
 		stmts = append(stmts, "CREATE DATABASE "+againstDB)
 	}
-	return adminExec(ctx, h.pg.URL(), stmts...)
+	if err := adminExec(ctx, h.pg.URL(), stmts...); err != nil {
+		return err
+	}
+	return trackingPlans(ctx, h.pg.URL())
+}
+
+// trackingPlans waits, for at most a second, until a new connection has
+// pg_stat_statements.track_planning on.
+func trackingPlans(ctx context.Context, url string) error {
+	for range 50 {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		var on string
+		err = conn.QueryRow(ctx, "SHOW pg_stat_statements.track_planning").Scan(&on)
+		conn.Close(context.Background())
+		if err != nil || on == "on" {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.New("pg_stat_statements.track_planning is still off after the reload")
 }
 
 func adminExec(ctx context.Context, url string, stmts ...string) error {
