@@ -2,8 +2,11 @@ package dbtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 
@@ -183,6 +186,51 @@ func TestPostgresServerKillStart(t *testing.T) {
 	s.Start()
 	if err := connectAndQuery(); err != nil {
 		t.Fatalf("query after Start: %v", err)
+	}
+}
+
+// A Postgres whose port another process took first exits before it is
+// ready, which is what LaunchPostgres retries on another port.
+func TestPostgresOnATakenPort(t *testing.T) {
+	t.Parallel()
+	s := StartPostgres(t)
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(s.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.launch(); !errors.Is(err, errExited) {
+		t.Errorf("launch on a taken port = %v, want %v", err, errExited)
+	}
+	l.Close()
+	s.Start()
+}
+
+// onFreePort tries another port only when the server exited before it was
+// ready, and gives up after five.
+func TestOnFreePort(t *testing.T) {
+	t.Parallel()
+	var ports []int
+	err := onFreePort(func(port int) error {
+		ports = append(ports, port)
+		if len(ports) < 3 {
+			return fmt.Errorf("port %d: %w", port, errExited)
+		}
+		return nil
+	})
+	if err != nil || len(ports) != 3 {
+		t.Errorf("onFreePort = %v after ports %v; want success on the third", err, ports)
+	}
+	other := errors.New("initdb failed")
+	calls := 0
+	if err := onFreePort(func(int) error { calls++; return other }); !errors.Is(err, other) || calls != 1 {
+		t.Errorf("onFreePort = %v after %d calls; want the error at once", err, calls)
+	}
+	calls = 0
+	if err := onFreePort(func(int) error { calls++; return errExited }); !errors.Is(err, errExited) || calls != 5 {
+		t.Errorf("onFreePort = %v after %d calls; want errExited after 5", err, calls)
 	}
 }
 

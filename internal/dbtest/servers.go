@@ -295,11 +295,7 @@ func StartPostgres(t testing.TB) *PostgresServer {
 			t.Errorf("remove postgres directory: %v", err)
 		}
 	})
-	port, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := LaunchPostgres(dir, port)
+	s, err := LaunchPostgres(dir)
 	if errors.Is(err, ErrNoBinary) {
 		skipOrFatal(t, err.Error())
 	}
@@ -315,14 +311,15 @@ func StartPostgres(t testing.TB) *PostgresServer {
 	return s
 }
 
-// LaunchPostgres initialises a cluster in dir/data and starts it on
-// 127.0.0.1:port, with its unix socket in dir, tuned for speed over
-// durability. It waits until the server accepts connections. The caller
-// stops it with Stop and then removes dir.
+// LaunchPostgres initialises a cluster in dir/data and starts it on a free
+// port of 127.0.0.1 (another, when a server that took the port first made
+// it exit), with its unix socket in dir, tuned for speed over durability.
+// It waits until the server accepts connections. The caller stops it with
+// Stop and then removes dir.
 //
 // initdb and postgres refuse to run as root, so under root they run as the
 // postgres user: dir is handed to that user, who must be able to reach it.
-func LaunchPostgres(dir string, port int) (*PostgresServer, error) {
+func LaunchPostgres(dir string) (*PostgresServer, error) {
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, err
@@ -336,11 +333,15 @@ func LaunchPostgres(dir string, port int) (*PostgresServer, error) {
 			return nil, fmt.Errorf("hand directory to postgres user: %w", err)
 		}
 	}
-	s := &PostgresServer{bin: bin, dir: dir, port: port, cred: cred}
+	s := &PostgresServer{bin: bin, dir: dir, cred: cred}
 	if err := s.initdb(); err != nil {
 		return nil, err
 	}
-	if err := s.launch(); err != nil {
+	err = onFreePort(func(port int) error {
+		s.port = port
+		return s.launch()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -85,10 +85,7 @@ func (h *harness) startServers(ctx context.Context) error {
 	h.onClose(h.redis.Stop)
 	h.rdb = redis.NewClient(&redis.Options{Addr: h.redis.Addr()})
 	h.onClose(h.rdb.Close)
-	if port, err = dbtest.FreePort(); err != nil {
-		return err
-	}
-	if h.pg, err = dbtest.LaunchPostgres(h.work, port); err != nil {
+	if h.pg, err = dbtest.LaunchPostgres(h.work); err != nil {
 		return err
 	}
 	h.onClose(h.pg.Stop)

@@ -199,11 +199,7 @@ func launchPostgres() (*dbtest.PostgresServer, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	port, err := dbtest.FreePort()
-	if err != nil {
-		return nil, nil, errors.Join(err, os.RemoveAll(dir))
-	}
-	pg, err := dbtest.LaunchPostgres(dir, port)
+	pg, err := dbtest.LaunchPostgres(dir)
 	if err != nil {
 		return nil, nil, errors.Join(err, os.RemoveAll(dir))
 	}

@@ -167,11 +167,7 @@ func startPostgres(parent string) (*dbtest.PostgresServer, func() error, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	port, err := dbtest.FreePort()
-	if err != nil {
-		return nil, nil, errors.Join(err, os.RemoveAll(dir))
-	}
-	s, err := dbtest.LaunchPostgres(dir, port)
+	s, err := dbtest.LaunchPostgres(dir)
 	if err != nil {
 		return nil, nil, errors.Join(err, os.RemoveAll(dir))
 	}
