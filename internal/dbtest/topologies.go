@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -314,11 +313,26 @@ func StartPgBouncer(t testing.TB, pg *PostgresServer, poolMode string, poolSize 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	b := &PgBouncer{}
-	if b.port, err = FreePort(); err != nil {
-		t.Fatal(err)
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	ini := fmt.Sprintf(`[databases]
+	b := &PgBouncer{}
+	t.Cleanup(func() {
+		if b.proc == nil {
+			return
+		}
+		if err := b.proc.stop(os.Interrupt, stopTimeout); err != nil {
+			t.Errorf("stop pgbouncer: %v", err)
+		}
+	})
+	// As for Postgres and Redis: another test's server can take the free
+	// port first, and then pgbouncer exits (a readiness check that asks for
+	// pg's data directory tells such a server from pg behind pgbouncer).
+	err = onFreePort(func(port int) error {
+		b.port = port
+		ini := fmt.Sprintf(`[databases]
 * = host=127.0.0.1 port=%d
 
 [pgbouncer]
@@ -336,41 +350,29 @@ ignore_startup_parameters = extra_float_digits
 logfile = %s
 pidfile = %s
 `, pg.port, b.port, filepath.Join(dir, "users.txt"), poolMode, poolSize, poolSize,
-		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
-	files := map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"}
-	for name, text := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
+			filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+		files := map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"}
+		for name, text := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				return err
+			}
 		}
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
+		cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+		cmd.Dir = dir
+		// Its own log file is written by pgbouncer; stdout and stderr
+		// catch what it says before it opens it.
+		var err error
+		if b.proc, err = startProcess(cmd, filepath.Join(dir, "stderr.log"), cred); err != nil {
+			return fmt.Errorf("start pgbouncer: %w", err)
 		}
-	}
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Dir = dir
-	// Its own log file is written by pgbouncer; stdout and stderr catch
-	// what it says before it opens it.
-	if b.proc, err = startProcess(cmd, filepath.Join(dir, "stderr.log"), cred); err != nil {
-		t.Fatalf("start pgbouncer: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := b.proc.stop(os.Interrupt, stopTimeout); err != nil {
-			t.Errorf("stop pgbouncer: %v", err)
+		ready := func() error { return pingPostgres(b.URL("postgres"), pg.dataDir()) }
+		if err := b.proc.waitReady(ready, filepath.Join(dir, "stderr.log")); err != nil {
+			return fmt.Errorf("pgbouncer: %w\n%s", err, logTail(filepath.Join(dir, "pgbouncer.log")))
 		}
+		return nil
 	})
-	ready := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn, err := pgconn.Connect(ctx, b.URL("postgres"))
-		if err != nil {
-			return err
-		}
-		return conn.Close(ctx)
-	}
-	if err := b.proc.waitReady(ready, filepath.Join(dir, "stderr.log")); err != nil {
-		t.Fatalf("pgbouncer: %v\n%s", err, logTail(filepath.Join(dir, "pgbouncer.log")))
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b
 }
