@@ -299,30 +299,14 @@ const readSQL = selectSubscriptionSQL + `
 FROM entitlements e WHERE stripe_subscription_id = $1
 FOR UPDATE`
 
-// selectSubscriptionSQL reads a stored subscription, its items as JSON,
-// in the order read scans them.
+// selectSubscriptionSQL reads a stored subscription, its items as the
+// feed's JSON (migration 00009's subscription_items, as itemState).
 const selectSubscriptionSQL = `
 SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
     cancel_at_period_end, cancel_at, canceled_at, ended_at, trial_start,
     trial_end, coalesce(pause_collection, ''), coalesce(livemode, false),
     metadata, last_event_id, last_event_created,
-    coalesce((SELECT json_agg(json_build_object(
-        'id', i.stripe_item_id, 'price', i.price_id, 'product', i.product_id,
-        'lookup_key', i.price_lookup_key, 'quantity', i.quantity,
-        'start', extract(epoch FROM i.current_period_start)::bigint,
-        'end', extract(epoch FROM i.current_period_end)::bigint)
-        ORDER BY i.position)
-        FROM entitlement_items i WHERE i.stripe_subscription_id = e.stripe_subscription_id), '[]')`
-
-type storedItem struct {
-	ID        string  `json:"id"`
-	Price     string  `json:"price"`
-	Product   *string `json:"product"`
-	LookupKey *string `json:"lookup_key"`
-	Quantity  *int64  `json:"quantity"`
-	Start     *int64  `json:"start"`
-	End       *int64  `json:"end"`
-}
+    subscription_items(e.stripe_subscription_id)`
 
 // read reads a stored subscription under its row lock.
 func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, error) {
@@ -342,7 +326,7 @@ func scanSubscription(r pgx.Row, id string, more ...any) (row[Subscription], err
 	var (
 		st                                                     row[Subscription]
 		periodEnd, cancelAt, canceledAt, endedAt, tStart, tEnd *time.Time
-		items                                                  []storedItem
+		items                                                  []itemState
 	)
 	sub := &st.state
 	sub.ID = id
@@ -361,9 +345,14 @@ func scanSubscription(r pgx.Row, id string, more ...any) (row[Subscription], err
 	}
 	sub.Items = make([]Item, len(items))
 	for i, it := range items {
-		sub.Items[i] = Item{ID: it.ID, PriceID: it.Price, ProductID: deref(it.Product),
-			PriceLookupKey: deref(it.LookupKey), Quantity: it.Quantity,
-			CurrentPeriodStart: unix(it.Start), CurrentPeriodEnd: unix(it.End)}
+		start, err1 := parseJSONTime(it.CurrentPeriodStart)
+		end, err2 := parseJSONTime(it.CurrentPeriodEnd)
+		if err := errors.Join(err1, err2); err != nil {
+			return row[Subscription]{}, fmt.Errorf("subscription %s, item %s: %w", id, it.ID, err)
+		}
+		sub.Items[i] = Item{ID: it.ID, PriceID: it.PriceID, ProductID: deref(it.ProductID),
+			PriceLookupKey: deref(it.PriceLookupKey), Quantity: it.Quantity,
+			CurrentPeriodStart: start, CurrentPeriodEnd: end}
 	}
 	return st, nil
 }
@@ -458,7 +447,9 @@ func metadataJSON(m map[string]string) (string, error) {
 
 // state is a subscription as the feed describes it: its row without the
 // bookkeeping, and its items in order. Migration 00008's
-// subscription_state builds the same shape from the stored row, and
+// subscription_state builds the same shape from the stored row (its items
+// from 00009's subscription_items, which is also how the service reads
+// stored items back, as itemState), and
 // applySQL compares the two as jsonb, so the values here must print as
 // Postgres prints them: timestamps in UTC to the microsecond, absent ones
 // null, an empty item list [].
@@ -529,6 +520,16 @@ func jsonTime(t time.Time) *string {
 	return &s
 }
 
+// parseJSONTime reads a timestamp as jsonTime prints it, or as Postgres
+// prints a timestamptz in JSON in any time zone; zero for nil.
+func parseJSONTime(s *string) (time.Time, error) {
+	if s == nil {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, *s)
+	return t.UTC(), err
+}
+
 // provider names Stripe in the ledger, as the claim flow does.
 const provider = "stripe"
 
@@ -577,11 +578,4 @@ func value(t *time.Time) time.Time {
 		return time.Time{}
 	}
 	return t.UTC()
-}
-
-func unix(v *int64) time.Time {
-	if v == nil {
-		return time.Time{}
-	}
-	return time.Unix(*v, 0).UTC()
 }
