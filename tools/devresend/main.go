@@ -10,13 +10,16 @@
 //
 // It answers, with RESEND_API_KEY (from its environment) as the only key:
 //
+//	GET /emails/receiving?limit=&after=&before=    List Received Emails, newest first
 //	GET /emails/receiving/{email_id}               Retrieve Received Email
 //	GET /emails/receiving/{email_id}/attachments   List Attachments, each download_url pointing here
 //	GET /cdn/{email_id}/attachments/{id}?signature=...  the download (no key, as Resend's CDN)
 //
 // and Resend's JSON errors otherwise. Each mail is a directory named by its
 // email id, holding email.json (the Retrieve Received Email answer, with
-// its attachments listed) and attachments/{filename}, their content.
+// its attachments listed; the list's entry is its id, to, from,
+// created_at, subject, bcc, cc, reply_to, message_id and attachments) and
+// attachments/{filename}, their content.
 //
 // With a command, devresend runs it with RESEND_API_URL set to its own URL
 // (unless RESEND_API_URL is already set: then it only runs the command),
@@ -36,6 +39,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -147,14 +151,34 @@ func runCommand(command, environ, env []string, stdout, stderr io.Writer) (int, 
 	return exitErr.ExitCode(), nil
 }
 
-// mail is one received email: its Retrieve Received Email answer and its
-// attachments' contents.
+// mail is one received email: its Retrieve Received Email answer, its
+// entry in List Received Emails and its attachments' contents.
 type mail struct {
 	email       json.RawMessage
+	listed      listedEmail
+	created     time.Time
 	attachments []attachment
 }
 
-// attachment is one attachment as email.json lists it, with its file.
+// listedEmail is a received email as List Received Emails lists it
+// (https://resend.com/docs/api-reference/emails/list-received-emails):
+// these fields of the Retrieve Received Email answer, under the same names,
+// copied as email.json has them; its attachments without download URLs.
+type listedEmail struct {
+	ID          string          `json:"id"`
+	To          json.RawMessage `json:"to"`
+	From        json.RawMessage `json:"from"`
+	CreatedAt   string          `json:"created_at"`
+	Subject     json.RawMessage `json:"subject"`
+	Bcc         json.RawMessage `json:"bcc"`
+	Cc          json.RawMessage `json:"cc"`
+	ReplyTo     json.RawMessage `json:"reply_to"`
+	MessageID   json.RawMessage `json:"message_id"`
+	Attachments []attachment    `json:"attachments"`
+}
+
+// attachment is one attachment as email.json lists it, with its file. Its
+// JSON is the attachment of a List Received Emails entry.
 type attachment struct {
 	ID                 string  `json:"id"`
 	Filename           string  `json:"filename"`
@@ -167,7 +191,8 @@ type attachment struct {
 
 // loadMails reads every mail under dir, and refuses data that would make
 // the stand-in answer something Resend would not: an email whose id is not
-// its directory's, or an attachment whose listed size is not its file's.
+// its directory's, whose created_at is not a time (the list is ordered by
+// it), or an attachment whose listed size is not its file's.
 func loadMails(dir string) (map[string]mail, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -183,15 +208,16 @@ func loadMails(dir string) (map[string]mail, error) {
 		if err != nil {
 			return nil, err
 		}
-		var email struct {
-			ID          string       `json:"id"`
-			Attachments []attachment `json:"attachments"`
-		}
+		var email listedEmail
 		if err := json.Unmarshal(raw, &email); err != nil {
 			return nil, fmt.Errorf("%s/email.json: %w", id, err)
 		}
 		if email.ID != id {
 			return nil, fmt.Errorf("%s/email.json: id %q, want its directory's name", id, email.ID)
+		}
+		created, err := parseCreated(email.CreatedAt)
+		if err != nil {
+			return nil, fmt.Errorf("%s/email.json: %w", id, err)
 		}
 		for i, a := range email.Attachments {
 			a.path = filepath.Join(dir, id, "attachments", a.Filename)
@@ -204,12 +230,27 @@ func loadMails(dir string) (map[string]mail, error) {
 			}
 			email.Attachments[i] = a
 		}
-		mails[id] = mail{email: raw, attachments: email.Attachments}
+		if email.Attachments == nil {
+			email.Attachments = []attachment{} // listed as [], as Resend does
+		}
+		mails[id] = mail{email: raw, listed: email, created: created, attachments: email.Attachments}
 	}
 	if len(mails) == 0 {
 		return nil, fmt.Errorf("%s holds no mail (a directory per email id, with email.json)", dir)
 	}
 	return mails, nil
+}
+
+// parseCreated reads a created_at as Resend writes them: RFC 3339 in
+// Retrieve Received Email's example, Postgres's form ("2025-10-09
+// 14:37:40.951732+00") in List Received Emails'.
+func parseCreated(s string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999999Z07", "2006-01-02 15:04:05.999999999Z07:00"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("created_at %q is not a time", s)
 }
 
 // signature stands for the signed query of Resend's download URLs: the
@@ -218,7 +259,19 @@ const signature = "dev-only"
 
 // newAPI returns the stand-in's routes.
 func newAPI(mails map[string]mail, apiKey string, log io.Writer) http.Handler {
+	listed := newestFirst(mails)
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /emails/receiving", func(w http.ResponseWriter, r *http.Request) {
+		if !authorized(w, r, apiKey) {
+			return
+		}
+		page, err := listPage(listed, r.URL.Query())
+		if err != nil {
+			apiError(w, http.StatusUnprocessableEntity, "validation_error", err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, page)
+	})
 	mux.HandleFunc("GET /emails/receiving/{id}", func(w http.ResponseWriter, r *http.Request) {
 		m, ok := authorizedMail(w, r, mails, apiKey)
 		if !ok {
@@ -243,16 +296,25 @@ func newAPI(mails map[string]mail, apiKey string, log io.Writer) http.Handler {
 	return logRequests(mux, log)
 }
 
-// authorizedMail checks the API key and finds the mail the path names,
-// answering the error Resend would when either fails.
-func authorizedMail(w http.ResponseWriter, r *http.Request, mails map[string]mail, apiKey string) (mail, bool) {
+// authorized checks the API key, answering the error Resend would when it
+// is missing or wrong.
+func authorized(w http.ResponseWriter, r *http.Request, apiKey string) bool {
 	key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	switch {
 	case !ok || key == "":
 		apiError(w, http.StatusUnauthorized, "missing_api_key", "Missing API key in the authorization header.")
-		return mail{}, false
+		return false
 	case apiKey != "" && key != apiKey:
 		apiError(w, http.StatusForbidden, "invalid_api_key", "API key is invalid.")
+		return false
+	}
+	return true
+}
+
+// authorizedMail checks the API key and finds the mail the path names,
+// answering the error Resend would when either fails.
+func authorizedMail(w http.ResponseWriter, r *http.Request, mails map[string]mail, apiKey string) (mail, bool) {
+	if !authorized(w, r, apiKey) {
 		return mail{}, false
 	}
 	m, ok := mails[r.PathValue("id")]
@@ -260,6 +322,86 @@ func authorizedMail(w http.ResponseWriter, r *http.Request, mails map[string]mai
 		apiError(w, http.StatusNotFound, "not_found", "Email not found")
 	}
 	return m, ok
+}
+
+// newestFirst is every mail's list entry, newest first by created_at; of
+// two created at the same instant, the greater id first (as the service's
+// own test fake of the list orders them).
+func newestFirst(mails map[string]mail) []listedEmail {
+	all := slices.Collect(maps.Values(mails))
+	slices.SortFunc(all, func(a, b mail) int {
+		if c := b.created.Compare(a.created); c != 0 {
+			return c
+		}
+		return strings.Compare(b.listed.ID, a.listed.ID)
+	})
+	listed := make([]listedEmail, len(all))
+	for i, m := range all {
+		listed[i] = m.listed
+	}
+	return listed
+}
+
+// listPage is the List Received Emails answer for query, from all (newest
+// first), as https://resend.com/docs/api-reference/emails/list-received-emails
+// and https://resend.com/docs/api-reference/pagination describe it: limit
+// 1 to 100; after an id, the entries older than it; before an id, the
+// entries newer than it, the nearest limit of them; the id itself
+// excluded; has_more when entries lie beyond the page in the direction it
+// went. Without a limit, the endpoint's page says all emails come in one
+// answer (the pagination page's default of 20 is for the endpoints that
+// always paginate), so all do.
+//
+// The pages say that after and before may not be used together, and give
+// limit's bounds, but not what Resend answers otherwise; nor what an id
+// that is not listed does. The stand-in refuses all of these with
+// validation_error and 422, the status internal/resendhook's test fake
+// answers to a bad limit (the Errors page also lists validation_error
+// under 400): the service never sends them, so only that it is refused
+// matters. A cursor is never skipped over: a client that sends an unknown
+// one has a bug to see.
+func listPage(all []listedEmail, query url.Values) (map[string]any, error) {
+	limit := len(all)
+	if s := query.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100 {
+			return nil, fmt.Errorf("limit is %q: it must be a number from 1 to 100", s)
+		}
+		limit = n
+	}
+	after, before := query.Get("after"), query.Get("before")
+	index := func(name, id string) (int, error) {
+		i := slices.IndexFunc(all, func(e listedEmail) bool { return e.ID == id })
+		if i < 0 {
+			return 0, fmt.Errorf("%s is %q: no received email has that id", name, id)
+		}
+		return i, nil
+	}
+	var page []listedEmail
+	more := false
+	switch {
+	case after != "" && before != "":
+		return nil, errors.New("use after or before, not both")
+	case before != "":
+		i, err := index("before", before)
+		if err != nil {
+			return nil, err
+		}
+		lo := max(i-limit, 0)
+		page, more = all[lo:i], lo > 0
+	default:
+		lo := 0
+		if after != "" {
+			i, err := index("after", after)
+			if err != nil {
+				return nil, err
+			}
+			lo = i + 1
+		}
+		hi := min(lo+limit, len(all))
+		page, more = all[lo:hi], hi < len(all)
+	}
+	return map[string]any{"object": "list", "has_more": more, "data": page}, nil
 }
 
 // attachmentList is the List Attachments answer for m, with download URLs

@@ -3,13 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 const (
@@ -97,6 +102,8 @@ func TestAPI(t *testing.T) {
 		{"/emails/receiving/" + emailID, "re_other", 403, "invalid_api_key"},
 		{"/emails/receiving/nope", key, 404, "not_found"},
 		{"/emails/receiving/nope/attachments", key, 404, "not_found"},
+		{"/emails/receiving?limit=10", "", 401, "missing_api_key"},
+		{"/emails/receiving", "re_other", 403, "invalid_api_key"},
 		{"/emails", key, 404, "not_found"},
 	} {
 		status, body := get(t, srv.URL+tt.path, tt.auth)
@@ -111,23 +118,33 @@ func TestAPI(t *testing.T) {
 	}
 }
 
-// Data that would make the stand-in lie is refused at startup.
-func TestLoadMailsRefusesWrongSizes(t *testing.T) {
+// Data that would make the stand-in lie is refused at startup: a size
+// that is not the file's, a created_at the list cannot be ordered by.
+func TestLoadMailsRefuses(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	mail := filepath.Join(dir, "e1")
-	if err := os.MkdirAll(filepath.Join(mail, "attachments"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	email := `{"object":"email","id":"e1","attachments":[{"id":"a1","filename":"a.txt","content_type":"text/plain","size":3}]}`
-	if err := os.WriteFile(filepath.Join(mail, "email.json"), []byte(email), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(mail, "attachments", "a.txt"), []byte("four"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := loadMails(dir); err == nil || !strings.Contains(err.Error(), "size 3") {
-		t.Errorf("loadMails = %v, want the size mismatch", err)
+	for _, tt := range []struct {
+		created string
+		size    int
+		want    string
+	}{
+		{"2026-02-22T23:41:11.894719+00:00", 3, "size 3"},
+		{"yesterday", 4, `created_at "yesterday"`},
+	} {
+		dir := t.TempDir()
+		mail := filepath.Join(dir, "e1")
+		if err := os.MkdirAll(filepath.Join(mail, "attachments"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		email := fmt.Sprintf(`{"object":"email","id":"e1","created_at":%q,"attachments":[{"id":"a1","filename":"a.txt","content_type":"text/plain","size":%d}]}`, tt.created, tt.size)
+		if err := os.WriteFile(filepath.Join(mail, "email.json"), []byte(email), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mail, "attachments", "a.txt"), []byte("four"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadMails(dir); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("loadMails = %v, want an error naming %s", err, tt.want)
+		}
 	}
 }
 
@@ -145,5 +162,157 @@ func TestRunsTheCommand(t *testing.T) {
 		[]string{"PATH=" + os.Getenv("PATH"), "RESEND_API_URL=https://api.resend.com"}, io.Discard, &stderr)
 	if err != nil || code != 0 {
 		t.Errorf("run with RESEND_API_URL set = %d, %v, want 0 (left as set)\n%s", code, err, &stderr)
+	}
+}
+
+// newServer serves the mails under dir.
+func newServer(t *testing.T, dir string) *httptest.Server {
+	t.Helper()
+	mails, err := loadMails(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(newAPI(mails, key, io.Discard))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// writeMail writes a mail under dir: the sample's email.json with its own
+// id, created_at and message_id (the service keeps one message per
+// Message-ID), and no attachments.
+func writeMail(t testing.TB, dir, id, created string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dataDir, emailID, "email.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e map[string]any
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatal(err)
+	}
+	e["id"], e["created_at"], e["message_id"], e["attachments"] = id, created, "<"+id+"@example.com>", []any{}
+	if b, err = json.Marshal(e); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, id), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, id, "email.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The list's entry of the sample mail holds the fields List Received
+// Emails documents, each as email.json has it, and nothing else of it (no
+// body, headers or download URLs).
+func TestListReceivedShape(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, dataDir)
+	status, body := get(t, srv.URL+"/emails/receiving", key)
+	var page struct {
+		Object  string                       `json:"object"`
+		HasMore *bool                        `json:"has_more"`
+		Data    []map[string]json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil || status != 200 {
+		t.Fatalf("list: %d %s (%v)", status, body, err)
+	}
+	if page.Object != "list" || page.HasMore == nil || *page.HasMore || len(page.Data) != 1 {
+		t.Fatalf("list = %s, want object list, has_more false and the one mail", body)
+	}
+	raw, _ := os.ReadFile(filepath.Join(dataDir, emailID, "email.json"))
+	var email map[string]any
+	if err := json.Unmarshal(raw, &email); err != nil {
+		t.Fatal(err)
+	}
+	documented := []string{"attachments", "bcc", "cc", "created_at", "from", "id", "message_id", "reply_to", "subject", "to"}
+	entry := page.Data[0]
+	if got := slices.Sorted(maps.Keys(entry)); !slices.Equal(got, documented) {
+		t.Errorf("entry's fields = %q, want %q", got, documented)
+	}
+	for _, k := range documented {
+		var got any
+		if err := json.Unmarshal(entry[k], &got); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(email[k], got); diff != "" {
+			t.Errorf("entry's %s differs from email.json's (-email.json +listed):\n%s", k, diff)
+		}
+	}
+}
+
+// Mails are listed newest first (of two as old, the greater id first),
+// limit at a time; after and before page through them, excluding the
+// cursor, and has_more says whether the list goes on in that direction.
+func TestListReceivedPages(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeMail(t, dir, "e1", "2026-02-22T10:00:00Z")
+	writeMail(t, dir, "e2", "2026-02-22T10:01:00.5+00:00")
+	writeMail(t, dir, "e3", "2026-02-22T11:01:00.5+01:00") // the same instant as e2
+	writeMail(t, dir, "e4", "2026-02-22T10:02:00Z")
+	writeMail(t, dir, "e5", "2026-02-22 10:03:00.951732+00") // the list example's form
+	srv := newServer(t, dir)
+
+	for _, tt := range []struct {
+		query string
+		ids   []string
+		more  bool
+	}{
+		{"", []string{"e5", "e4", "e3", "e2", "e1"}, false}, // no limit: all of them
+		{"?limit=100", []string{"e5", "e4", "e3", "e2", "e1"}, false},
+		{"?limit=5", []string{"e5", "e4", "e3", "e2", "e1"}, false},
+		{"?limit=2", []string{"e5", "e4"}, true},
+		{"?limit=2&after=e4", []string{"e3", "e2"}, true},
+		{"?limit=2&after=e2", []string{"e1"}, false},
+		{"?limit=2&after=e1", []string{}, false},
+		{"?after=e5", []string{"e4", "e3", "e2", "e1"}, false},
+		{"?limit=2&before=e1", []string{"e3", "e2"}, true},
+		{"?limit=2&before=e3", []string{"e5", "e4"}, false},
+		{"?limit=2&before=e5", []string{}, false},
+		{"?limit=1&before=e3", []string{"e4"}, true},
+	} {
+		status, body := get(t, srv.URL+"/emails/receiving"+tt.query, key)
+		var page struct {
+			Object  string `json:"object"`
+			HasMore bool   `json:"has_more"`
+			Data    []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &page); err != nil || status != 200 || page.Object != "list" || page.Data == nil {
+			t.Errorf("GET %s: %d %s (%v), want 200 and a list", tt.query, status, body, err)
+			continue
+		}
+		ids := []string{}
+		for _, e := range page.Data {
+			ids = append(ids, e.ID)
+		}
+		if !slices.Equal(ids, tt.ids) || page.HasMore != tt.more {
+			t.Errorf("GET %s: %q has_more %t, want %q has_more %t", tt.query, ids, page.HasMore, tt.ids, tt.more)
+		}
+	}
+}
+
+// A limit out of 1 to 100, after with before, or a cursor that is not a
+// listed id is refused with Resend's error body.
+func TestListReceivedRefuses(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, dataDir)
+	for _, query := range []string{
+		"?limit=0", "?limit=101", "?limit=-1", "?limit=ten", "?limit=1.5",
+		"?after=" + emailID + "&before=" + emailID,
+		"?after=4ef9a417-0000-0000-0000-000000000000",
+		"?limit=10&before=nope",
+	} {
+		status, body := get(t, srv.URL+"/emails/receiving"+query, key)
+		var e struct {
+			StatusCode int    `json:"statusCode"`
+			Name       string `json:"name"`
+			Message    string `json:"message"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil || status != 422 || e.StatusCode != 422 || e.Name != "validation_error" || e.Message == "" {
+			t.Errorf("GET %s: %d %s, want 422 with Resend's error validation_error", query, status, body)
+		}
 	}
 }
