@@ -100,8 +100,11 @@ fuzz:
 # four more minutes.
 DEV_DIR ?= .dev
 .PHONY: dev
-# The sweeps are off (SWEEP_INTERVAL=0): the Resend stand-in has no list of
-# received mail, and the quick start's first send must be the first delivery.
+# The sweeps are off unless SWEEP_INTERVAL is set: the quick start's send of
+# the sample mail must be its first delivery. SWEEP_INTERVAL=30s make dev
+# runs the Resend sweep against the stand-in, which lists received mail (the
+# Stripe sweep needs STRIPE_API_KEY); a first pass reaches back one interval
+# and 10 minutes, so it passes over the sample mail (created 2026-02-22).
 dev: deps-dev build
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/withservers ./tools/withservers
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devresend ./tools/devresend

@@ -1,10 +1,11 @@
 // Command devresend is a stand-in for the part of the Resend API that the
-// service calls for a received email, so that `make dev` can take an
-// email.received delivery end to end without Resend: it serves the mails
-// kept under testdata/devresend, in the shapes Resend documents (that
-// directory's README names each page). It is for development only: it
-// checks nothing a real API would, and it is never built into the image
-// (the Dockerfile builds ./cmd/munchable-webhooks alone).
+// service calls for received email, so that `make dev` can take an
+// email.received delivery end to end, and run the Resend sweep, without
+// Resend: it serves the mails kept under testdata/devresend, in the shapes
+// Resend documents (that directory's README names each page). It is for
+// development only: it checks nothing a real API would, and it is never
+// built into the image (the Dockerfile builds ./cmd/munchable-webhooks
+// alone).
 //
 //	devresend [-addr 127.0.0.1:0] [-data testdata/devresend] [-- command args...]
 //
