@@ -359,8 +359,8 @@ func newestFirst(mails map[string]mail) []listedEmail {
 // validation_error and 422, the status internal/resendhook's test fake
 // answers to a bad limit (the Errors page also lists validation_error
 // under 400): the service never sends them, so only that it is refused
-// matters. A cursor is never skipped over: a client that sends an unknown
-// one has a bug to see.
+// matters. An unknown cursor gets an error, not an empty page: the mails
+// do not change while the stand-in serves, so one is a client's bug.
 func listPage(all []listedEmail, query url.Values) (map[string]any, error) {
 	limit := len(all)
 	if s := query.Get("limit"); s != "" {
