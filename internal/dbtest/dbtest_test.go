@@ -251,7 +251,7 @@ func connect(t *testing.T, url string) *pgx.Conn {
 func TestPingOwnRedis(t *testing.T) {
 	t.Parallel()
 	s := StartRedis(t)
-	if err := pingOwnRedis(s.Addr(), "", s.proc); err != nil {
+	if err := pingOwnRedis(s.Addr(), "", nil, s.proc); err != nil {
 		t.Fatalf("the server's own process: %v", err)
 	}
 	other := exec.Command("sleep", "30")
@@ -259,7 +259,7 @@ func TestPingOwnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
-	if err := pingOwnRedis(s.Addr(), "", &process{cmd: other}); err == nil {
+	if err := pingOwnRedis(s.Addr(), "", nil, &process{cmd: other}); err == nil {
 		t.Fatal("another process's port passed the readiness check")
 	}
 }

@@ -3,6 +3,8 @@ package dbtest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -71,8 +73,16 @@ type RedisServer struct {
 	dir   string
 	port  int
 	extra []string   // arguments after the usual ones (cluster mode, replicaof, a password)
+	tls   *redisTLS  // nil: plain TCP
 	proc  *process   // the latest run
 	tb    testing.TB // set by StartRedis, for Start
+}
+
+// redisTLS is what a TLS-only server serves, and how its readiness check
+// trusts it.
+type redisTLS struct {
+	certFile, keyFile, caFile string
+	client                    *tls.Config // trusts caFile
 }
 
 // StartRedis starts a redis-server on a free port and stops it in t.Cleanup.
@@ -82,28 +92,64 @@ func StartRedis(t testing.TB) *RedisServer {
 	return startRedisArgs(t, t.TempDir()) // dir is removed after the Stop, as cleanups run in reverse
 }
 
+// StartRedisTLS is StartRedis speaking only TLS (rediss://): it serves the
+// certificate in certFile with the key in keyFile, both PEM, and caFile is
+// the CA that issued it. Clients need no certificate of their own.
+func StartRedisTLS(t testing.TB, certFile, keyFile, caFile string) *RedisServer {
+	t.Helper()
+	client, err := trusting(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startRedis(t, &RedisServer{
+		dir: t.TempDir(),
+		tls: &redisTLS{certFile: certFile, keyFile: keyFile, caFile: caFile, client: client},
+	})
+}
+
+// trusting is a client configuration that trusts the CA in caFile alone.
+func trusting(caFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("read CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
 // LaunchRedis starts redis-server on 127.0.0.1:port with dir as its working
 // directory and log location, and waits until it answers PING. The caller
 // stops it with Stop and owns dir.
 func LaunchRedis(dir string, port int) (*RedisServer, error) {
-	return launchRedis(dir, port)
-}
-
-// launchRedis is LaunchRedis with extra redis-server arguments.
-func launchRedis(dir string, port int, extra ...string) (*RedisServer, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := redisBin()
 	if err != nil {
-		return nil, fmt.Errorf("%w: redis-server: %w", ErrNoBinary, err)
+		return nil, err
 	}
-	s := &RedisServer{bin: bin, dir: dir, port: port, extra: extra}
+	s := &RedisServer{bin: bin, dir: dir, port: port}
 	if err := s.launch(); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// URL returns the server's redis:// URL.
-func (s *RedisServer) URL() string { return "redis://" + s.Addr() }
+func redisBin() (string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("%w: redis-server: %w", ErrNoBinary, err)
+	}
+	return bin, nil
+}
+
+// URL returns the server's redis:// URL, rediss:// when it speaks TLS.
+func (s *RedisServer) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr()
+	}
+	return "redis://" + s.Addr()
+}
 
 // Addr returns the server's host:port.
 func (s *RedisServer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
@@ -155,12 +201,23 @@ func (s *RedisServer) Stop() error {
 
 func (s *RedisServer) launch() error {
 	cmd := exec.Command(s.bin,
-		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
 	)
+	if s.tls == nil {
+		cmd.Args = append(cmd.Args, "--port", strconv.Itoa(s.port))
+	} else {
+		cmd.Args = append(cmd.Args,
+			"--port", "0", // no plain listener: a client without TLS gets nothing
+			"--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", s.tls.certFile,
+			"--tls-key-file", s.tls.keyFile,
+			"--tls-ca-cert-file", s.tls.caFile,
+			"--tls-auth-clients", "no",
+		)
+	}
 	cmd.Args = append(cmd.Args, s.extra...)
 	cmd.Dir = s.dir
 	logPath := filepath.Join(s.dir, "redis.log")
@@ -169,7 +226,8 @@ func (s *RedisServer) launch() error {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.proc = proc
-	if err := proc.waitReady(func() error { return pingOwnRedis(s.Addr(), s.password(), proc) }, logPath); err != nil {
+	ready := func() error { return pingOwnRedis(s.Addr(), s.password(), s.tlsClient(), proc) }
+	if err := proc.waitReady(ready, logPath); err != nil {
 		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
 	}
 	return nil
@@ -185,11 +243,19 @@ func (s *RedisServer) password() string {
 	return ""
 }
 
+// tlsClient is how a client trusts the server; nil for plain TCP.
+func (s *RedisServer) tlsClient() *tls.Config {
+	if s.tls == nil {
+		return nil
+	}
+	return s.tls.client
+}
+
 // pingRedis sends an inline PING (after an AUTH when password is set),
 // which needs no client library and works before any configuration the
 // tests might apply.
 func pingRedis(addr, password string) error {
-	conn, r, err := dialRedis(addr, password)
+	conn, r, err := dialRedis(addr, password, nil)
 	if err != nil {
 		return err
 	}
@@ -207,10 +273,17 @@ func pingRedis(addr, password string) error {
 	return nil
 }
 
-// dialRedis connects to addr, with a second's deadline, and AUTHs when
-// password is set.
-func dialRedis(addr, password string) (net.Conn, *bufio.Reader, error) {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+// dialRedis connects to addr, over TLS when tlsConf is set, with a
+// second's deadline, and AUTHs when password is set.
+func dialRedis(addr, password string, tlsConf *tls.Config) (net.Conn, *bufio.Reader, error) {
+	d := &net.Dialer{Timeout: time.Second} // covers the TLS handshake too
+	var conn net.Conn
+	var err error
+	if tlsConf != nil {
+		conn, err = tls.DialWithDialer(d, "tcp", addr, tlsConf)
+	} else {
+		conn, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -236,8 +309,8 @@ func dialRedis(addr, password string) (net.Conn, *bufio.Reader, error) {
 // proc's. A free port is free only when FreePort looks: another
 // test's server can take it first, and then this one exits ("Address
 // already in use") while a plain PING is answered by the other one.
-func pingOwnRedis(addr, password string, proc *process) error {
-	conn, r, err := dialRedis(addr, password)
+func pingOwnRedis(addr, password string, tlsConf *tls.Config, proc *process) error {
+	conn, r, err := dialRedis(addr, password, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -274,14 +347,38 @@ type PostgresServer struct {
 	dir  string // holds data/, the unix socket and postgres.log
 	port int
 	cred *syscall.Credential // user to run as; nil for the current user
-	proc *process            // the latest run
-	tb   testing.TB          // set by StartPostgres, for Start
+	// settings are -c name=value settings on top of the usual ones, kept
+	// across restarts.
+	settings []string
+	proc     *process   // the latest run
+	tb       testing.TB // set by StartPostgres, for Start
 }
 
 // StartPostgres initialises a cluster in a temporary directory, starts it on
 // a free port, and in t.Cleanup stops it and removes the directory. Without
 // the Postgres server binaries the test is skipped (failed under CI=true).
 func StartPostgres(t testing.TB) *PostgresServer {
+	t.Helper()
+	return startPostgres(t, postgresDir(t))
+}
+
+// StartPostgresTLS is StartPostgres with ssl=on, serving the certificate in
+// certFile with the key in keyFile (both PEM). Clients may still connect
+// without TLS, as URL does; sslmode=verify-full works for a client that
+// trusts the certificate's issuer.
+func StartPostgresTLS(t testing.TB, certFile, keyFile string) *PostgresServer {
+	t.Helper()
+	dir := postgresDir(t)
+	settings, err := placeTLSFiles(dir, certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startPostgres(t, dir, settings...)
+}
+
+// postgresDir makes the directory for StartPostgres's server and removes it
+// in t.Cleanup.
+func postgresDir(t testing.TB) string {
 	t.Helper()
 	// Not t.TempDir: when root runs the server as the postgres user, that
 	// user must be able to reach the directory, and t.TempDir's parent is
@@ -295,7 +392,50 @@ func StartPostgres(t testing.TB) *PostgresServer {
 			t.Errorf("remove postgres directory: %v", err)
 		}
 	})
-	s, err := LaunchPostgres(dir)
+	return dir
+}
+
+// placeTLSFiles copies a certificate and its key into dir, owned by the
+// user the server runs as, and returns the settings that serve them.
+// Postgres refuses a key that others may read, and root's files would be
+// out of reach of the postgres user it runs as under root.
+func placeTLSFiles(dir, certFile, keyFile string) ([]string, error) {
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	place := func(from, name string, mode os.FileMode) (string, error) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			return "", fmt.Errorf("postgres TLS: %w", err)
+		}
+		to := filepath.Join(dir, name)
+		if err := os.WriteFile(to, b, mode); err != nil {
+			return "", fmt.Errorf("postgres TLS: %w", err)
+		}
+		if cred != nil {
+			if err := os.Chown(to, int(cred.Uid), int(cred.Gid)); err != nil {
+				return "", fmt.Errorf("postgres TLS: hand %s to postgres user: %w", name, err)
+			}
+		}
+		return to, nil
+	}
+	cert, err := place(certFile, "server.crt", 0o644)
+	if err != nil {
+		return nil, err
+	}
+	key, err := place(keyFile, "server.key", 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return []string{"ssl=on", "ssl_cert_file=" + cert, "ssl_key_file=" + key}, nil
+}
+
+// startPostgres launches a server in dir with settings and stops it in
+// t.Cleanup.
+func startPostgres(t testing.TB, dir string, settings ...string) *PostgresServer {
+	t.Helper()
+	s, err := launchPostgres(dir, settings...)
 	if errors.Is(err, ErrNoBinary) {
 		skipOrFatal(t, err.Error())
 	}
@@ -320,6 +460,11 @@ func StartPostgres(t testing.TB) *PostgresServer {
 // initdb and postgres refuse to run as root, so under root they run as the
 // postgres user: dir is handed to that user, who must be able to reach it.
 func LaunchPostgres(dir string) (*PostgresServer, error) {
+	return launchPostgres(dir)
+}
+
+// launchPostgres is LaunchPostgres with extra -c name=value settings.
+func launchPostgres(dir string, settings ...string) (*PostgresServer, error) {
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, err
@@ -333,7 +478,7 @@ func LaunchPostgres(dir string) (*PostgresServer, error) {
 			return nil, fmt.Errorf("hand directory to postgres user: %w", err)
 		}
 	}
-	s := &PostgresServer{bin: bin, dir: dir, cred: cred}
+	s := &PostgresServer{bin: bin, dir: dir, cred: cred, settings: settings}
 	if err := s.initdb(); err != nil {
 		return nil, err
 	}
@@ -445,6 +590,9 @@ func (s *PostgresServer) launch() error {
 		"-c", "full_page_writes=off",
 		"-c", "max_connections=200",
 	)
+	for _, setting := range s.settings {
+		cmd.Args = append(cmd.Args, "-c", setting)
+	}
 	cmd.Dir = s.dir
 	logPath := filepath.Join(s.dir, "postgres.log")
 	proc, err := startProcess(cmd, logPath, s.cred)

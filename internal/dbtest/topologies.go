@@ -119,14 +119,22 @@ func StartRedisWithPassword(t testing.TB, password string) *RedisServer {
 // startRedisArgs is StartRedis with extra redis-server arguments.
 func startRedisArgs(t testing.TB, dir string, extra ...string) *RedisServer {
 	t.Helper()
-	var s *RedisServer
-	err := onFreePort(func(port int) (err error) {
-		s, err = launchRedis(dir, port, extra...)
-		return err
-	})
-	if errors.Is(err, ErrNoBinary) {
+	return startRedis(t, &RedisServer{dir: dir, extra: extra})
+}
+
+// startRedis starts s, set up but for its binary and port, on a free port
+// and stops it in t.Cleanup.
+func startRedis(t testing.TB, s *RedisServer) *RedisServer {
+	t.Helper()
+	bin, err := redisBin()
+	if err != nil {
 		skipOrFatal(t, err.Error())
 	}
+	s.bin = bin
+	err = onFreePort(func(port int) error {
+		s.port = port
+		return s.launch()
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +199,7 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 		if s.proc, err = startProcess(cmd, logPath, nil); err != nil {
 			return fmt.Errorf("start sentinel: %w", err)
 		}
-		return s.proc.waitReady(func() error { return pingOwnRedis(s.SentinelAddr(), "", s.proc) }, logPath)
+		return s.proc.waitReady(func() error { return pingOwnRedis(s.SentinelAddr(), "", nil, s.proc) }, logPath)
 	})
 	if err != nil {
 		t.Fatalf("sentinel: %v", err)

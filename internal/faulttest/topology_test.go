@@ -36,8 +36,13 @@ func newTopoRig(t *testing.T) *topoRig {
 	if testing.Short() {
 		t.Skip("fault suite: runs the service binary against throwaway servers; not in -short")
 	}
-	r := &rig{t: t}
-	r.pg = dbtest.StartPostgres(t)
+	return newTopoRigOn(t, dbtest.StartPostgres(t))
+}
+
+// newTopoRigOn is newTopoRig on a Postgres the test started.
+func newTopoRigOn(t *testing.T, pg *dbtest.PostgresServer) *topoRig {
+	t.Helper()
+	r := &rig{t: t, pg: pg}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, r.pg.URL())
