@@ -1,8 +1,8 @@
 # munchable-webhooks: every target runs from a clean clone with Go; dev,
 # test and lint first run scripts/ensure-deps for what each needs beyond Go
 # (dev: Postgres, Redis and psql; test adds a C compiler, chromium and
-# promtool; lint needs promtool), installed with apt as root, or it says what
-# to run. Nothing needs to be running.
+# promtool; lint needs promtool and shellcheck), installed with apt as root,
+# or it says what to run. Nothing needs to be running.
 
 GO      ?= go
 BIN     := bin/munchable-webhooks
@@ -46,9 +46,12 @@ test: deps-test build
 			TEST_PGX_QUERY_MODE=$$mode $(GO) test -count=1 $(STORE_PKGS) || exit 1; \
 		done'
 
-# lint also checks the alerting rules and runs their unit tests, and checks
-# the GitHub Actions workflows with actionlint (pinned as a tool in go.mod,
-# like staticcheck).
+# lint also checks the alerting rules and runs their unit tests, checks the
+# GitHub Actions workflows with actionlint (pinned as a tool in go.mod, like
+# staticcheck; it runs shellcheck on their run steps), and checks every shell
+# script git tracks with shellcheck. A script is found by its first line, a
+# sh or bash shebang, so a new one is checked without being listed here.
+SHELL_SCRIPTS = $(shell git ls-files -z | xargs -0 awk 'FNR == 1 { if (/^\#!.*[\/ ](ba|da)?sh( |$$)/) print FILENAME; nextfile }')
 lint: deps-lint
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -56,6 +59,7 @@ lint: deps-lint
 	$(GO) tool actionlint
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts_test.yaml
+	shellcheck $(SHELL_SCRIPTS)
 
 # bench runs the load harness (tools/bench) against throwaway Postgres and
 # Redis: the service binary beside its ceilings (chi, the service's intake,

@@ -1,9 +1,16 @@
 package deploy_test
 
 import (
+	"bufio"
+	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // make dev, test and lint install what each needs first (scripts/ensure-deps
@@ -37,4 +44,72 @@ func TestEnsureDepsRunsFirst(t *testing.T) {
 	if len(steps) < 2 || steps[0] != "scripts/ensure-deps" {
 		t.Errorf(".ci/run steps %q, want scripts/ensure-deps (no argument: all) before make", steps)
 	}
+}
+
+// make lint runs shellcheck on every shell script git tracks. The Makefile
+// finds them by their first line with awk; this reads each shebang's
+// interpreter the other way round, so a pattern that stops matching (a
+// script with flags on its #! line, /bin/sh instead of env) cannot drop a
+// script from the lint unseen.
+func TestLintShellchecksEveryScript(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip(tool + " not installed")
+		}
+	}
+	ls := exec.Command("git", "ls-files")
+	ls.Dir = root
+	files, err := ls.Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	var want []string
+	for name := range strings.SplitSeq(strings.TrimSpace(string(files)), "\n") {
+		if isShellScript(t, filepath.Join(root, name)) {
+			want = append(want, name)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("found no tracked shell script, though scripts/ensure-deps is one")
+	}
+
+	cmd := exec.Command("make", "--no-print-directory", "-n", "lint")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make -n lint: %v", err)
+	}
+	var got []string
+	for line := range strings.SplitSeq(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "shellcheck" {
+			got = append(got, f[1:]...)
+		}
+	}
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("make lint shellchecks other files than the tracked shell scripts (-want +got):\n%s", diff)
+	}
+}
+
+// isShellScript reports whether a file's #! line runs sh, bash or dash,
+// directly or through env.
+func isShellScript(t *testing.T, name string) bool {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first, _ := bufio.NewReader(f).ReadString('\n')
+	shebang, ok := strings.CutPrefix(first, "#!")
+	args := strings.Fields(shebang)
+	if !ok || len(args) == 0 {
+		return false
+	}
+	interp := path.Base(args[0])
+	if interp == "env" && len(args) > 1 {
+		interp = args[1]
+	}
+	return interp == "sh" || interp == "bash" || interp == "dash"
 }

@@ -3,8 +3,9 @@ package faulttest_test
 // The alerting rules (deploy/prometheus/alerts.yaml) and the dashboard
 // (deploy/grafana/munchable-webhooks.json) against the binary's own
 // /metrics: a renamed or never-written metric would leave a panel empty
-// and an alert silent. Expressions are read with Prometheus' own PromQL
-// parser and the scrape with its text-format parser.
+// and an alert silent, and a metric no panel reads goes unseen.
+// Expressions are read with Prometheus' own PromQL parser and the scrape
+// with its text-format parser.
 
 import (
 	"encoding/json"
@@ -70,10 +71,18 @@ func alertRules(t *testing.T) []alertRule {
 // and the dashboard, keyed by where it is.
 func observabilityExprs(t *testing.T) map[string]string {
 	t.Helper()
-	exprs := map[string]string{}
+	exprs := dashboardExprs(t)
 	for _, r := range alertRules(t) {
 		exprs["alert "+r.Alert] = r.Expr
 	}
+	return exprs
+}
+
+// dashboardExprs returns every PromQL expression of the dashboard, keyed
+// by its panel.
+func dashboardExprs(t *testing.T) map[string]string {
+	t.Helper()
+	exprs := map[string]string{}
 	var dash struct {
 		Panels []struct {
 			Title   string `json:"title"`
@@ -170,11 +179,34 @@ func hasBucket(f *dto.MetricFamily, le string) bool {
 // Every metric the dashboard and the alerts read is one the service
 // exports, and a bucket picked by its bound is one of the histogram's
 // (with other buckets the selector matches nothing and the alert is mute).
+// And the other way round: every metric the service exports, but the Go
+// runtime's and the process's, has a panel, so a new one is not left off
+// the dashboard. (One scrape for both: a rig starts Postgres, Redis and
+// the binary.)
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	exprs := observabilityExprs(t)
 	r := newRig(t)
 	families := scrape(t, r.service(nil).URL()+"/metrics")
+	t.Run("every exported metric has a panel", func(t *testing.T) {
+		onDashboard := map[string]bool{}
+		for where, expr := range dashboardExprs(t) {
+			sels, err := selectors(expr)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", where, expr, err)
+			}
+			for _, vs := range sels {
+				if f, ok := family(families, vs.Name); ok {
+					onDashboard[f.GetName()] = true
+				}
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(families)) {
+			if !onDashboard[name] && !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") {
+				t.Errorf("no dashboard panel reads %s", name)
+			}
+		}
+	})
 	for _, where := range slices.Sorted(maps.Keys(exprs)) {
 		t.Run(where, func(t *testing.T) {
 			sels, err := selectors(exprs[where])

@@ -15,12 +15,17 @@ type mailMetrics struct {
 }
 
 func newMailMetrics() mailMetrics {
-	return mailMetrics{
+	m := mailMetrics{
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "support_mail_truncated_total",
 			Help: "Inbound mail bodies stored cut at 2 MiB, by part (text, html).",
 		}, []string{"part"}),
 	}
+	// Both parts exported from 0: a series born at its first cut hides that
+	// cut from rate() and increase().
+	m.truncated.WithLabelValues("text")
+	m.truncated.WithLabelValues("html")
+	return m
 }
 
 // report logs and counts the cuts and skipped fields of an answer: a mail
