@@ -21,7 +21,7 @@ var version = "dev"
 
 func main() {
 	// go-redis's lines are warnings: a pool or dial problem it works around.
-	redis.SetLogger(redisLogger{newLogger(os.Stderr, slog.LevelWarn)})
+	redis.SetLogger(newRedisLogger(newLogger(os.Stderr, slog.LevelWarn), claimProbeLogEvery))
 	err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr)
 	switch {
 	case err == nil:

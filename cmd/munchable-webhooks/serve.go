@@ -604,8 +604,45 @@ func newRedisClient(o *redis.UniversalOptions, timeout time.Duration) redis.Univ
 // logs. go-redis has one package-level logger and no per-client option, so
 // main sets it once, before anything runs: setting it here, per client,
 // raced with the clients of commands that tests run side by side.
-type redisLogger struct{ l *slog.Logger }
+//
+// Each kind of line (its format) is written at most once per every, with
+// the count of those held back since: while Redis is unreachable or its
+// certificate untrusted, go-redis logs every failed dial, which is every
+// delivery, readiness probe and scrape, and the claim probe already names
+// the reason once a minute.
+type redisLogger struct {
+	l     *slog.Logger
+	every time.Duration
+	now   func() time.Time
 
-func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+	mu   sync.Mutex
+	last map[string]redisLine // by format: go-redis's are constants, so few
+}
+
+type redisLine struct {
+	at   time.Time
+	held int
+}
+
+func newRedisLogger(l *slog.Logger, every time.Duration) *redisLogger {
+	return &redisLogger{l: l, every: every, now: time.Now, last: map[string]redisLine{}}
+}
+
+func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.mu.Lock()
+	now := r.now()
+	prev, seen := r.last[format]
+	if seen && now.Sub(prev.at) < r.every {
+		prev.held++
+		r.last[format] = prev
+		r.mu.Unlock()
+		return
+	}
+	r.last[format] = redisLine{at: now}
+	r.mu.Unlock()
+	attrs := []any{"component", "go-redis"}
+	if prev.held > 0 {
+		attrs = append(attrs, "held_back", prev.held)
+	}
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), attrs...)
 }
