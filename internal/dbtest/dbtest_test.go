@@ -263,3 +263,38 @@ func TestPingOwnRedis(t *testing.T) {
 		t.Fatal("another process's port passed the readiness check")
 	}
 }
+
+// TestDurablePostgres: the launcher's own settings are the fast ones, and
+// the durable launcher's win over them, as the bench's -durable relies on.
+func TestDurablePostgres(t *testing.T) {
+	t.Parallel()
+	settings := func(url string) string {
+		var fsync, syncCommit, fpw string
+		err := connect(t, url).QueryRow(t.Context(),
+			"SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('full_page_writes')").
+			Scan(&fsync, &syncCommit, &fpw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fsync + " " + syncCommit + " " + fpw
+	}
+	if got, want := settings(StartPostgres(t).URL()), "off off off"; got != want {
+		t.Errorf("StartPostgres: fsync, synchronous_commit, full_page_writes = %s, want %s", got, want)
+	}
+	dir := postgresDir(t)
+	s, err := LaunchDurablePostgres(dir)
+	if errors.Is(err, ErrNoBinary) {
+		skipOrFatal(t, err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop postgres: %v", err)
+		}
+	})
+	if got, want := settings(s.URL()), "on on on"; got != want {
+		t.Errorf("LaunchDurablePostgres: fsync, synchronous_commit, full_page_writes = %s, want %s", got, want)
+	}
+}

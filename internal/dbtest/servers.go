@@ -463,7 +463,15 @@ func LaunchPostgres(dir string) (*PostgresServer, error) {
 	return launchPostgres(dir)
 }
 
-// launchPostgres is LaunchPostgres with extra -c name=value settings.
+// LaunchDurablePostgres is LaunchPostgres with Postgres's own durability
+// (fsync, synchronous_commit and full_page_writes on, as production runs
+// it): for tools/bench to price a delivery whose commit reaches the disk.
+func LaunchDurablePostgres(dir string) (*PostgresServer, error) {
+	return launchPostgres(dir, "fsync=on", "synchronous_commit=on", "full_page_writes=on")
+}
+
+// launchPostgres is LaunchPostgres with extra -c name=value settings,
+// which come after the usual ones and so win over them.
 func launchPostgres(dir string, settings ...string) (*PostgresServer, error) {
 	bin, err := postgresBin()
 	if err != nil {

@@ -59,7 +59,7 @@ func TestRender(t *testing.T) {
 // compares each round's two runs as well as the totals.
 func TestRenderComparison(t *testing.T) {
 	t.Parallel()
-	c := &comparison{o: options{rounds: 3, duration: 3 * time.Second, rate: 1000, against: "../pre"}}
+	c := &comparison{o: options{rounds: 3, duration: 3 * time.Second, rate: 1000, against: "../pre", durable: true}}
 	run := func(requests int, all, load float64) result {
 		return result{requests: requests, elapsed: time.Second, lat: []time.Duration{time.Millisecond},
 			statuses: map[int]int{200: requests}, c: counters{allCPU: all, loadCPU: load, targetCPU: all / 2}}
@@ -84,6 +84,9 @@ func TestRenderComparison(t *testing.T) {
 		if strings.Count(b.String(), want) != 2 {
 			t.Errorf("comparison lacks %q in both modes:\n%s", want, b.String())
 		}
+	}
+	if want := "Postgres durable (fsync, synchronous_commit and full_page_writes on)"; !strings.Contains(b.String(), want) {
+		t.Errorf("comparison does not say %q:\n%s", want, b.String())
 	}
 }
 

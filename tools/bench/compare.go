@@ -86,9 +86,9 @@ func deliveryCPU(r result) float64 { return r.per(allCPU) - r.per(loadCPU) }
 
 func (c *comparison) render(w io.Writer) {
 	fmt.Fprintf(w, "# First deliveries, this build against %s\n\nWritten by `go run ./tools/bench -against %s` on %s in %s. "+
-		"%d CPUs, %s; %d in flight at saturation, %d req/s at the fixed rate; %d alternating rounds of %s per build and mode, %s warm-up each.\n\n",
+		"%d CPUs, %s; %s; %d in flight at saturation, %d req/s at the fixed rate; %d alternating rounds of %s per build and mode, %s warm-up each.\n\n",
 		c.o.against, c.o.against, c.started.UTC().Format("2006-01-02 15:04 MST"), c.took.Round(time.Second),
-		runtime.NumCPU(), runtime.Version(), c.o.concurrency, c.o.rate, c.o.rounds, c.o.duration/time.Duration(c.o.rounds), c.o.warmup)
+		runtime.NumCPU(), runtime.Version(), c.o.postgres(), c.o.concurrency, c.o.rate, c.o.rounds, c.o.duration/time.Duration(c.o.rounds), c.o.warmup)
 	fmt.Fprint(w, "Delivery CPU is all our CPU but the load generator's: the service, Postgres, Redis and the kernel on their behalf.\n\n")
 	change := func(a, b float64) string { return fmt.Sprintf("%+.0f %%", 100*(a/b-1)) }
 	for mode, title := range []string{"At saturation", fmt.Sprintf("At a fixed %s requests a second", rps(float64(c.o.rate)))} {

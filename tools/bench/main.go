@@ -36,6 +36,15 @@ type options struct {
 	rounds            int
 	goBin, serviceEnv string
 	against           string
+	durable           bool
+}
+
+// postgres says how the harness's Postgres is set up, for the reports.
+func (o options) postgres() string {
+	if o.durable {
+		return "Postgres durable (fsync, synchronous_commit and full_page_writes on)"
+	}
+	return "Postgres as internal/dbtest starts it (fsync, synchronous_commit and full_page_writes off)"
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +62,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rounds, "rounds", 2, "runs are split into this many interleaved rounds")
 	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service")
 	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. GOGC=200)")
+	fs.BoolVar(&o.durable, "durable", false, "run Postgres with its own durability (fsync, synchronous_commit and full_page_writes on)\nas production does, instead of dbtest's fast settings")
 	fs.StringVar(&o.against, "against", "", "instead, compare first deliveries with the build of the module in this directory\n(a git worktree of the commit before a change), in alternating rounds")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil

@@ -38,9 +38,9 @@ func (r *report) render(w io.Writer) {
 	fmt.Fprintf(w, "# Latest bench run\n\nWritten by `make bench` (tools/bench) on %s in %s; do not edit: run it again. "+
 		"docs/PERFORMANCE.md says what each figure measures and how to read it.\n\n",
 		r.started.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
-	fmt.Fprintf(w, "%d CPUs, %s; Postgres and Redis as internal/dbtest starts them; %d in flight at saturation, %d req/s fixed rate, "+
+	fmt.Fprintf(w, "%d CPUs, %s; %s, Redis as internal/dbtest starts it; %d in flight at saturation, %d req/s fixed rate, "+
 		"%d interleaved rounds of %s per target, %s warm-up each; event %d bytes.\n\n",
-		runtime.NumCPU(), runtime.Version(), r.o.concurrency, r.o.rate, r.o.rounds, r.o.duration/time.Duration(r.o.rounds), r.o.warmup, r.eventBytes)
+		runtime.NumCPU(), runtime.Version(), r.o.postgres(), r.o.concurrency, r.o.rate, r.o.rounds, r.o.duration/time.Duration(r.o.rounds), r.o.warmup, r.eventBytes)
 
 	// The serial ceiling is the intake and the upsert done one after the
 	// other on the same machine.

@@ -85,7 +85,11 @@ func (h *harness) startServers(ctx context.Context) error {
 	h.onClose(h.redis.Stop)
 	h.rdb = redis.NewClient(&redis.Options{Addr: h.redis.Addr()})
 	h.onClose(h.rdb.Close)
-	if h.pg, err = dbtest.LaunchPostgres(h.work); err != nil {
+	launch := dbtest.LaunchPostgres
+	if h.o.durable {
+		launch = dbtest.LaunchDurablePostgres
+	}
+	if h.pg, err = launch(h.work); err != nil {
 		return err
 	}
 	h.onClose(h.pg.Stop)
