@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,6 +142,55 @@ func (r *rig) start(svc *faulttest.Service) {
 	if err := svc.Start(ctx); err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// replicas starts n services on the rig together, as a deployment does,
+// and kills them in t.Cleanup. Started together, their migrations race for
+// goose's lock, and their scheduled jobs for the jobs' locks.
+func (r *rig) replicas(n int, extra map[string]string) []*faulttest.Service {
+	r.t.Helper()
+	replicas := make([]*faulttest.Service, n)
+	var started sync.WaitGroup
+	for i := range replicas {
+		svc, err := faulttest.NewService(serviceBin, r.env(extra), filepath.Join(r.t.TempDir(), "replica.log"))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		r.t.Cleanup(func() {
+			svc.Kill()
+			if r.t.Failed() {
+				r.t.Logf("replica %d log, last lines:\n%s", i, svc.LogTail(20))
+			}
+		})
+		replicas[i] = svc
+		started.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := svc.Start(ctx); err != nil {
+				r.t.Error(err)
+			}
+		})
+	}
+	started.Wait()
+	if r.t.Failed() {
+		r.t.FailNow()
+	}
+	return replicas
+}
+
+// sumMetric adds up a metric's samples matching match over every replica's
+// /metrics: a counter of the deployment, whichever replica counted.
+func sumMetric(t *testing.T, replicas []*faulttest.Service, name string, match ...string) float64 {
+	t.Helper()
+	var total float64
+	for _, svc := range replicas {
+		m, err := svc.Metrics(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += m.Sum(name, match...)
+	}
+	return total
 }
 
 // stripe delivers ev once, signed now.

@@ -1,9 +1,7 @@
 package faulttest_test
 
 import (
-	"context"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,47 +20,10 @@ import (
 func TestThreeReplicas(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	replicas := make([]*faulttest.Service, 3)
-	var started sync.WaitGroup
-	for i := range replicas {
-		svc, err := faulttest.NewService(serviceBin, r.env(map[string]string{"DATABASE_MAX_CONNS": "16"}),
-			filepath.Join(t.TempDir(), "replica.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			svc.Kill()
-			if t.Failed() {
-				t.Logf("replica %d log, last lines:\n%s", i, svc.LogTail(20))
-			}
-		})
-		replicas[i] = svc
-		// Started together: their migrations race for goose's lock.
-		started.Add(1)
-		go func() {
-			defer started.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := svc.Start(ctx); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	started.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	replicas := r.replicas(3, map[string]string{"DATABASE_MAX_CONNS": "16"})
 	sum := func(name string, match ...string) float64 {
 		t.Helper()
-		var total float64
-		for _, svc := range replicas {
-			m, err := svc.Metrics(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			total += m.Sum(name, match...)
-		}
-		return total
+		return sumMetric(t, replicas, name, match...)
 	}
 
 	// One event, 50 concurrent deliveries.
