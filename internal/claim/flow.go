@@ -199,6 +199,13 @@ func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, 
 func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdict {
 	fp := fingerprint(body)
 	token, found, err := f.store.claim(ctx, p.Name, ev.ID, fp)
+	if err != nil && ctx.Err() != nil {
+		// The caller gave up (the provider hung up, a replay or sweep was
+		// stopped), not Redis: running the effect now would bypass a claim
+		// another attempt may hold, and call Redis failing when it is not.
+		// Nothing ran, so nothing is recorded; the provider retries.
+		return verdict{outcome: Failed, err: fmt.Errorf("claim %s: %w", ev.ID, context.Cause(ctx))}
+	}
 	if err != nil {
 		reason := reasonRedisError
 		if errors.Is(err, ErrNoRedis) {

@@ -182,6 +182,32 @@ func TestRunSurvivesRequestCancellation(t *testing.T) {
 	}
 }
 
+// TestRunCancelledBeforeTheClaim: a caller that gave up before the claim
+// answered (a provider that hung up, a replay or sweep being stopped) gets
+// a failure, and nothing runs: failing open there would run the effect
+// beside an attempt that holds the claim, and report a Redis that is fine
+// as failing.
+func TestRunCancelledBeforeTheClaim(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	var c counter
+	held := newDelivery("evt_held", c.apply(nil))
+	token, _, err := s.claim(t.Context(), stripe.Name, held.ev.ID, fingerprint(held.body))
+	if err != nil || token == "" {
+		t.Fatalf("claim by the other attempt: token %q, %v", token, err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	o := f.runTest(ctx, stripe, held)
+	if o.outcome != Failed || o.degraded != "" || !errors.Is(o.err, context.Canceled) || c.n.Load() != 0 {
+		t.Fatalf("run cancelled before its claim = %+v (applied %d), want failed, not degraded, context.Canceled, nothing run", o, c.n.Load())
+	}
+	if got := testutil.ToFloat64(f.metrics.degraded.WithLabelValues("stripe", reasonRedisError)); got != 0 {
+		t.Errorf("degraded metric = %v, want 0", got)
+	}
+}
+
 func TestRunConcurrentDuplicatesApplyOnce(t *testing.T) {
 	t.Parallel()
 	s, _ := newTestStore(t, time.Minute)

@@ -90,12 +90,19 @@ func Replay(ctx context.Context, cfg ReplayConfig) (n ReplayCounts, err error) {
 	}
 	cfg.Progress("events", 0, total)
 	replay := func(id string, raw []byte) error {
+		// Stopped (SIGTERM, a sweep's leadership lost): the rest of the
+		// page is left to the next run, not run without its claims.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		n.Listed++
 		cfg.Progress("events", n.Listed, total)
 		n.count(cfg.replayOne(ctx, id, raw))
 		return nil
 	}
-	_ = replay(oldestID, oldest)
+	if err := replay(oldestID, oldest); err != nil {
+		return n, err
+	}
 	p := cfg.params()
 	p.EndingBefore = stripe.String(oldestID)
 	if err := l.List(ctx, "/v1/events", p, replay); err != nil {

@@ -2,6 +2,7 @@ package stripesync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -396,6 +397,36 @@ func TestStripeReplay(t *testing.T) {
 	}
 	if want := "1 in progress"; !strings.Contains(n.String(), want) {
 		t.Errorf("summary with a held claim = %q, want %q", n, want)
+	}
+}
+
+// TestStripeReplayStopped: a replay (or a sweep's pass) stopped in the
+// middle of a page leaves the rest of it to the next run and says it
+// stopped; it does not run the rest without their claims, beside the
+// attempts that hold them.
+func TestStripeReplayStopped(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	base := time.Now().Add(-time.Hour).Unix()
+	for i := range 5 {
+		s := stripetest.Subscription{ID: fmt.Sprintf("sub_stop%d", i), Customer: fmt.Sprintf("cus_stop%d", i), Status: "active",
+			PriceID: "price_basic", Created: base + int64(i), PeriodEnd: base + 30*86400}
+		r.api.AddEvent(r.fx.Event(fmt.Sprintf("evt_stop%d", i), "customer.subscription.created", s.Created, r.fx.Subscription(s), nil), false)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	n, err := Replay(ctx, ReplayConfig{API: r.client, Receiver: r.replayer, Endpoint: r.ep,
+		Since: time.Now().Add(-2 * time.Hour), Logger: r.logger,
+		Progress: func(_ string, done, _ int) {
+			if done == 2 { // the second event is under way: stop after it
+				cancel()
+			}
+		}})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("stopped replay: err = %v, want context.Canceled", err)
+	}
+	if rows := r.rows(t); len(rows) > 1 || n.Processed > 1 {
+		t.Errorf("stopped replay stored %d subscriptions (%s), want at most the first: none after the stop", len(rows), n)
 	}
 }
 
