@@ -246,12 +246,15 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 	// up: both run on a context detached from the request's cancellation.
 	bg := context.WithoutCancel(ctx)
 	if v.err != nil {
+		// The failure is recorded while the claim still keeps retries out:
+		// recorded after the release, it could land over the outcome of a
+		// retry that had already settled the event.
+		f.recordFailure(bg, p, body, ev, v.err)
 		_, failures, err := f.store.release(bg, p.Name, ev.ID, token, p.DedupeTTL)
 		if err != nil {
 			// The claim stays until its TTL ends; retries get 409 until then.
 			v.err = errors.Join(v.err, err)
 		}
-		f.recordFailure(bg, p, body, ev, v.err)
 		if f.poisonAfter > 0 && failures == f.poisonAfter {
 			f.metrics.poison.WithLabelValues(p.Name).Inc()
 			f.logger.Error("poison event: failed every attempt so far",
