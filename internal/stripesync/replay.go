@@ -38,7 +38,11 @@ type ReplayCounts struct {
 	Listed                                             int
 	Processed, Duplicate, Stale, Unordered, InProgress int
 	Failed, Ignored                                    int
-	Requests                                           int
+	// Unchanged counts the processed events the store already held as its
+	// last (applied before, by a delivery whose claim is gone: one that
+	// ran degraded, or a Redis that lost its keys).
+	Unchanged int
+	Requests  int
 }
 
 func (n ReplayCounts) String() string {
@@ -55,6 +59,9 @@ func (n *ReplayCounts) count(res claim.Result) {
 		n.Unordered++
 	case res.Outcome == claim.Processed:
 		n.Processed++
+		if res.Effect == claim.Unchanged {
+			n.Unchanged++
+		}
 	case res.Outcome == claim.Duplicate:
 		n.Duplicate++
 	case res.Outcome == claim.InProgress:

@@ -44,17 +44,23 @@ func (r *rig) addEvents(t *testing.T, prefix string, n int, created int64) {
 	}
 }
 
-// TestSweepRecoversUndelivered: of three events in Stripe's list, one was
-// delivered by its webhook; one pass applies the other two and counts
-// them recovered, and the delivered one is a duplicate, not counted. A
+// TestSweepRecoversUndelivered: of four events in Stripe's list, one was
+// delivered by its webhook and one by a webhook that ran degraded (its
+// claim is gone, as after a Redis outage); one pass applies the other two
+// and counts them recovered, and the delivered ones are not counted. A
 // second pass, within the overlap, recovers nothing.
 func TestSweepRecoversUndelivered(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	now := time.Now().Unix()
-	r.addEvents(t, "sw", 3, now-60)
-	delivered := stripetest.Subscription{ID: "sub_sw00001", Customer: "cus_sw00001", Status: "active", PriceID: "price_basic", Created: now - 60, PeriodEnd: now + 30*86400}
-	r.deliver(t, r.fx.Event("evt_sw00001", "customer.subscription.created", now-60, r.fx.Subscription(delivered), nil))
+	r.addEvents(t, "sw", 4, now-60)
+	for _, id := range []string{"sw00001", "sw00003"} {
+		delivered := stripetest.Subscription{ID: "sub_" + id, Customer: "cus_" + id, Status: "active", PriceID: "price_basic", Created: now - 60, PeriodEnd: now + 30*86400}
+		r.deliver(t, r.fx.Event("evt_"+id, "customer.subscription.created", now-60, r.fx.Subscription(delivered), nil))
+	}
+	if err := r.rdb.Del(t.Context(), r.prefix+":stripe:evt_sw00003").Err(); err != nil {
+		t.Fatal(err)
+	}
 
 	reg := prometheus.NewRegistry()
 	job := r.sweepJob(reg, 5*time.Minute)
@@ -63,10 +69,10 @@ func TestSweepRecoversUndelivered(t *testing.T) {
 	s.Run(ctx, job) // one pass, then polls until the timeout
 	cancel()
 	if got := recovered(t, reg); got != 2 {
-		t.Errorf("recovered = %v, want 2 (the delivered event is not)", got)
+		t.Errorf("recovered = %v, want 2 (the delivered events are not)", got)
 	}
-	if rows := r.rows(t); len(rows) != 3 {
-		t.Errorf("%d subscriptions stored, want 3", len(rows))
+	if rows := r.rows(t); len(rows) != 4 {
+		t.Errorf("%d subscriptions stored, want 4", len(rows))
 	}
 	if n := metric(t, reg, "webhook_sweep_last_success_timestamp_seconds"); n < float64(now) {
 		t.Errorf("last success = %v, want set by the pass", n)
