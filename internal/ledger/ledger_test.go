@@ -103,9 +103,13 @@ func TestTrim(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
-INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at)
-SELECT 'stripe', 'old_' || i, 'applied', 1, now() - interval '40 days' FROM generate_series(1, 2500) i;
-INSERT INTO changes (at, kind, subject) SELECT now() - interval '40 days', 'subscription', 's' FROM generate_series(1, 1200);`); err != nil {
+INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at, finished_at)
+SELECT 'stripe', 'old_' || i, 'applied', 1, now() - interval '40 days', now() - interval '40 days' FROM generate_series(1, 2500) i;
+INSERT INTO changes (at, kind, subject) SELECT now() - interval '40 days', 'subscription', 's' FROM generate_series(1, 1200);
+-- First seen long ago, last tried an hour ago (a dead event retried by
+-- hand): younger than the retention, body kept.
+INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at, finished_at, body)
+VALUES ('resend', 'msg_retried', 'dead', 6, now() - interval '31 days', now() - interval '1 hour', '{}');`); err != nil {
 		t.Fatal(err)
 	}
 	write(t, pool, "cus_1", "evt_new", "a")
@@ -115,8 +119,11 @@ INSERT INTO changes (at, kind, subject) SELECT now() - interval '40 days', 'subs
 		t.Fatalf("Trim = %d, %d, %v; want 2500, 1200", events, changes, err)
 	}
 	var left int
-	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_events) + (SELECT count(*) FROM changes)`).Scan(&left); err != nil || left != 2 {
-		t.Errorf("rows left = %d, %v; want the new event and its change", left, err)
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_events) + (SELECT count(*) FROM changes)`).Scan(&left); err != nil || left != 3 {
+		t.Errorf("rows left = %d, %v; want the new event, its change and the event retried an hour ago", left, err)
+	}
+	if e, err := l.Get(ctx, "resend", "msg_retried"); err != nil || e.Outcome != ledger.Dead || len(e.Body) == 0 {
+		t.Errorf("event retried an hour ago after Trim = %+v, %v; want dead, its body kept", e, err)
 	}
 
 	// One replica at a time: while another holds the lock, a pass does nothing.

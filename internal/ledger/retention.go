@@ -23,11 +23,15 @@ const trimBatch = 1000
 const trimLockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('webhook_events'), hashtext('changes'))`
 
 // The trims go by the indexes on first_seen_at and at, in batches named
-// by id: the oldest rows first, none twice.
+// by id: the oldest rows first, none twice. An event's age runs from its
+// last attempt: a dead event retried by hand on day 29, and failing
+// again, keeps its row and the body a later retry needs for another
+// retention period.
 const (
 	trimEventsSQL = `
 DELETE FROM webhook_events WHERE id IN (
-    SELECT id FROM webhook_events WHERE first_seen_at < $1
+    SELECT id FROM webhook_events
+    WHERE first_seen_at < $1 AND coalesce(finished_at, first_seen_at) < $1
     ORDER BY first_seen_at LIMIT $2)`
 	trimChangesSQL = `
 DELETE FROM changes WHERE id IN (
