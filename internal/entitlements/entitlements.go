@@ -77,7 +77,11 @@ const ApplySQL = applySQL
 // first delivery is one round trip and no concurrent delivery can slip
 // between a read and a write. The row is replaced only when
 //   - the incoming event is the one that wrote it (a replay rewrites the
-//     same state); or
+//     same state). A snapshot's id names only its second, so two
+//     listings begun in one second share it without sharing a state: the
+//     later one's write replaces a row the earlier one wrote only while
+//     that is not terminal, or a listing that read the subscription before
+//     it was canceled would revive it; or
 //   - the stored status is not terminal (Stripe never revives a canceled
 //     or incomplete_expired subscription), and the event is strictly newer
 //     or, after the same-second rule judged it under a row lock, $9 names
@@ -140,10 +144,12 @@ WITH old AS (
         access_ends_at       = EXCLUDED.access_ends_at,
         livemode             = EXCLUDED.livemode,
         metadata             = EXCLUDED.metadata
-    WHERE e.last_event_id = EXCLUDED.last_event_id
+    WHERE (e.last_event_id = EXCLUDED.last_event_id
+           AND EXCLUDED.last_event_id NOT LIKE 'snapshot:%')
        OR (e.status NOT IN ('canceled', 'incomplete_expired')
            AND (e.last_event_created < EXCLUDED.last_event_created
-                OR e.last_event_id = $9::text))
+                OR e.last_event_id = $9::text
+                OR e.last_event_id = EXCLUDED.last_event_id))
     RETURNING e.stripe_subscription_id
 ), gone AS (
     DELETE FROM entitlement_items

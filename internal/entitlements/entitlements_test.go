@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -479,6 +480,43 @@ func TestSnapshotSubscription(t *testing.T) {
 	// A new subscription the webhooks never saw is inserted.
 	if res, err := s.SnapshotSubscription(ctx, base("sub_snap_new"), taken); err != nil || res.Verdict != Applied {
 		t.Fatalf("snapshot of a new subscription = %+v, %v", res, err)
+	}
+}
+
+// Two listings begun in the same second (stripe sync beside stripe verify
+// --repair) share a snapshot id but not a state: the later write replaces
+// the earlier one's, except that a canceled row stays canceled, whatever a
+// listing that read the subscription before it was canceled says.
+func TestSameSecondSnapshots(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	s := NewStore(pool, prometheus.NewRegistry())
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name         string
+		first, later func(*Subscription)
+		want         string
+		verdict      Verdict
+	}{
+		{"canceled, then an earlier read", func(s *Subscription) { s.Status = "canceled" }, func(*Subscription) {}, "canceled", Stale},
+		{"an earlier read, then canceled", func(*Subscription) {}, func(s *Subscription) { s.Status = "canceled" }, "canceled", Applied},
+		{"past_due, then active", func(s *Subscription) { s.Status = "past_due" }, func(*Subscription) {}, "active", Applied},
+	} {
+		id := "sub_two_snaps_" + strings.ReplaceAll(tc.name, " ", "_")
+		a := base(id)
+		if _, err := s.ApplySubscription(ctx, a, Event{ID: "evt_a", Created: t0.Add(-time.Hour)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.SnapshotSubscription(ctx, change(a, tc.first), t0.Add(100*time.Millisecond)); err != nil || res.Verdict != Applied {
+			t.Fatalf("%s: first snapshot = %+v, %v; want applied", tc.name, res, err)
+		}
+		res, err := s.SnapshotSubscription(ctx, change(a, tc.later), t0.Add(900*time.Millisecond))
+		if err != nil || res.Verdict != tc.verdict {
+			t.Errorf("%s: later snapshot = %+v, %v; want %s", tc.name, res, err, tc.verdict)
+		}
+		if got := readStored(t, pool, id); got.state.Status != tc.want {
+			t.Errorf("%s: stored %s, want %s", tc.name, got.state.Status, tc.want)
+		}
 	}
 }
 
