@@ -461,6 +461,14 @@ func (c *config) checkLimits(add addProblem) {
 }
 
 // warnings are settings that work but that an operator should hear about.
+// shutdownGrace bounds serve's drain after SIGTERM: a delivery whose
+// body was still arriving reads it (BODY_READ_TIMEOUT), runs its handler
+// (HANDLER_TIMEOUT) and confirms or releases its claim (a Redis call each
+// way), with 5 s to spare. deploy's grace period is sized from it.
+func (c *config) shutdownGrace() time.Duration {
+	return c.BodyReadTimeout + c.HandlerTimeout + 2*c.RedisTimeout + 5*time.Second
+}
+
 func (c *config) warnings() []string {
 	var w []string
 	if c.RedisURL == "" {

@@ -205,7 +205,7 @@ func TestDeploymentEnvironment(t *testing.T) {
 			t.Errorf("terminationGracePeriodSeconds %d <= HANDLER_TIMEOUT %s + preStop %ds", *grace, cfg.HandlerTimeout, pause)
 		}
 		// serve's own bound after SIGTERM (serve.go).
-		if worst := pauseD + cfg.ShutdownDelay + cfg.HandlerTimeout + 2*cfg.RedisTimeout + 5*time.Second; graceD < worst {
+		if worst := pauseD + cfg.ShutdownDelay + cfg.shutdownGrace(); graceD < worst {
 			t.Errorf("terminationGracePeriodSeconds %d < the worst-case shutdown %s", *grace, worst)
 		}
 	})

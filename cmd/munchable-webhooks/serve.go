@@ -59,15 +59,22 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
 	if err := migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger); err != nil {
+		pool.Close()
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
 	if err != nil {
+		pool.Close()
 		return err
 	}
-	defer closeRedis()
+	// Postgres closes before Redis: pool.Close waits for the handlers still
+	// running when the drain's grace ran out, and those must still reach
+	// Redis to confirm or release their claims.
+	defer func() {
+		pool.Close()
+		closeRedis()
+	}()
 
 	registry := newRegistry()
 	claimsUsable := newClaimProbe(claims, logger)
@@ -294,9 +301,8 @@ func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.L
 	draining.Store(true)
 	logger.Info("shutting down", "delay_ms", cfg.ShutdownDelay.Milliseconds())
 	time.Sleep(cfg.ShutdownDelay)
-	grace := cfg.HandlerTimeout + 2*cfg.RedisTimeout + 5*time.Second
 	// A fresh context: ctx is already done.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownGrace())
 	defer cancel()
 	var errs []error
 	for _, s := range servers {
