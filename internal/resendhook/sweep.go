@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
-	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/support"
 	"github.com/munchable/munchable-webhooks/internal/sweep"
 )
@@ -49,6 +48,18 @@ func (e listedEmail) received() receivedData {
 		ReceivedFor: e.ReceivedFor, MessageID: e.MessageID, Subject: e.Subject}
 }
 
+// eventBody is the email.received event a webhook would have carried for
+// the listed email. The sweep runs it as a delivery's body, so the ledger
+// keeps it if the attempt fails, and events retry resend received:<id>
+// runs it again as it would a kept delivery.
+func (e listedEmail) eventBody() ([]byte, error) {
+	data, err := json.Marshal(e.received())
+	if err != nil {
+		return nil, fmt.Errorf("listed email %s as an event: %w", e.ID, err)
+	}
+	return json.Marshal(event{Type: typeReceived, CreatedAt: e.CreatedAt, Data: data})
+}
+
 // SweepClaimPrefix begins the claim id of a swept email: "received:" and
 // the email's id. A webhook delivery's claim is its svix-id, which the
 // list does not say, so the two never share a claim; a delivery after a
@@ -86,8 +97,7 @@ func (r *Receiver) SweepPass(ep *claim.Endpoint) sweep.Pass {
 					h.logger.Warn("sweep: listed email without a usable id", "provider", "resend")
 					continue
 				}
-				to, ok := h.inbound.match(d.recipients())
-				if !ok {
+				if _, ok := h.inbound.match(d.recipients()); !ok {
 					continue
 				}
 				queued, err := h.queue.Queued(ctx, support.SourceEmail, d.EmailID)
@@ -98,13 +108,17 @@ func (r *Receiver) SweepPass(ep *claim.Endpoint) sweep.Pass {
 					n.Delivered++
 					continue
 				}
-				logger := h.logger.With("provider", "resend", "event_id", SweepClaimPrefix+d.EmailID, "event_type", typeReceived, "email_id", d.EmailID, "swept", true)
-				id := SweepClaimPrefix + d.EmailID
-				entry := &ledger.Entry{Provider: "resend", EventID: id, Type: typeReceived}
-				res, _ := ep.Process(ctx, nil, claim.Event{ // the flow logs each outcome
-					ID: id, Type: typeReceived,
-					Apply: func(ctx context.Context) (claim.Effect, error) { return h.apply(ctx, logger, entry, d, to) },
-				})
+				body, err := e.eventBody()
+				var ev claim.Event
+				if err == nil {
+					ev, err = h.event(SweepClaimPrefix+d.EmailID, body)
+				}
+				if err != nil {
+					h.logger.Error("sweep: listed email not runnable", "provider", "resend", "email_id", d.EmailID, "err", err)
+					failed++
+					continue
+				}
+				res, _ := ep.Process(ctx, body, ev) // the flow logs each outcome
 				switch {
 				case res.Outcome == claim.Processed && res.Effect == claim.Applied:
 					n.Recovered++

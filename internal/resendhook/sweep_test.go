@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"slices"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/sweep"
 )
 
@@ -146,6 +150,45 @@ func TestSweepQueuesMailOnlyInResendsList(t *testing.T) {
 	}
 	if got := len(h.rows(t)); got != 248 {
 		t.Errorf("%d messages queued after a late delivery, want still 248", got)
+	}
+}
+
+// TestSweptMailRetriedByHand: a swept mail whose fetch fails leaves its
+// ledger row failed, with the email.received event a webhook would have
+// carried kept as its body; events retry runs that body again, under the
+// sweep's claim id, once the API answers.
+func TestSweptMailRetriedByHand(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{quiet: true})
+	const emailID = "00000000-0000-4000-8000-00000000beef"
+	h.api.addEmail(t, emailID, func(e map[string]any) { e["created_at"] = time.Now().UTC().Format(time.RFC3339Nano) })
+	h.api.failWith(emailID, http.StatusInternalServerError)
+	led := ledger.New(h.pool, 5)
+	ep := claim.NewFlow(h.store, claim.FlowConfig{HandlerTimeout: 10 * time.Second, Ledger: led, Logger: slog.New(slog.DiscardHandler)}).
+		Endpoint(claim.Provider{Name: "resend", DedupeTTL: 30 * time.Hour})
+
+	if _, err := h.receiver.SweepPass(ep)(t.Context(), time.Now().Add(-time.Hour)); err == nil {
+		t.Fatal("sweep with the fetch failing: no error")
+	}
+	id := resendhook.SweepClaimPrefix + emailID
+	row, err := led.Get(t.Context(), "resend", id)
+	if err != nil || row.Outcome != ledger.Failed || len(row.Body) == 0 {
+		t.Fatalf("ledger row of %s = %+v, %v; want failed with a body kept", id, row, err)
+	}
+
+	h.api.failWith(emailID, 0)
+	ev, err := h.receiver.Event(id, row.Body) // as events retry reads it
+	if err != nil || ev.ID != id || ev.Apply == nil {
+		t.Fatalf("the kept body as an event = %+v, %v; want a runnable %s", ev, err, id)
+	}
+	if res, err := ep.Process(t.Context(), row.Body, ev); err != nil || res.Outcome != claim.Processed || res.Effect != claim.Applied {
+		t.Fatalf("retry = %+v, %v; want processed (applied)", res, err)
+	}
+	if got := len(h.rows(t)); got != 1 {
+		t.Errorf("%d messages queued, want 1", got)
+	}
+	if row, err := led.Get(t.Context(), "resend", id); err != nil || row.Outcome != ledger.Applied {
+		t.Errorf("ledger row after the retry = %+v, %v; want applied", row, err)
 	}
 }
 
