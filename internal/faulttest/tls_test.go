@@ -1,7 +1,6 @@
 package faulttest_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
-	"github.com/munchable/munchable-webhooks/internal/faulttest"
 )
 
 // The service on Postgres and Redis that serve TLS with a certificate from
@@ -73,25 +71,7 @@ func TestServiceWithPrivateCA(t *testing.T) {
 	})
 
 	t.Run("without sslrootcert", func(t *testing.T) {
-		env := r.env(map[string]string{"DATABASE_URL": verifyFull, "REDIS_URL": rs.URL()})
-		svc, err := faulttest.NewService(serviceBin, env, filepath.Join(t.TempDir(), "service.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(svc.Kill)
-		if err := svc.Launch(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		state, err := svc.Wait(ctx)
-		if err != nil {
-			t.Fatalf("service still running without the CA for Postgres: %v", err)
-		}
-		log, _ := os.ReadFile(svc.LogPath())
-		if state.ExitCode() == 0 || !strings.Contains(string(log), unknownCA) {
-			t.Fatalf("exit %d, log:\n%s\nwant a failure naming %q", state.ExitCode(), log, unknownCA)
-		}
+		wantStartupFailure(t, r.env(map[string]string{"DATABASE_URL": verifyFull, "REDIS_URL": rs.URL()}), unknownCA)
 	})
 
 	// pgx verifies against the system roots when sslrootcert is absent,

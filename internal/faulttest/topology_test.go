@@ -286,24 +286,7 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 		full := faulttest.BaseEnv()
 		full["DATABASE_URL"] = bouncer.URL("postgres") + "&default_query_exec_mode=exec"
 		full["RESEND_API_URL"] = r.api.URL()
-		svc, err := faulttest.NewService(serviceBin, full, filepath.Join(t.TempDir(), "service.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(svc.Kill)
-		if err := svc.Launch(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		state, err := svc.Wait(ctx)
-		if err != nil {
-			t.Fatalf("service still running with migrations through a transaction pooler: %v", err)
-		}
-		log, _ := os.ReadFile(svc.LogPath())
-		if state.ExitCode() == 0 || !strings.Contains(string(log), "MIGRATE_DATABASE_URL") {
-			t.Fatalf("exit %d, log:\n%s\nwant a failure naming MIGRATE_DATABASE_URL", state.ExitCode(), log)
-		}
+		wantStartupFailure(t, full, "MIGRATE_DATABASE_URL")
 	})
 
 	for _, mode := range []string{"cache_describe", "exec", "simple_protocol"} {
@@ -462,4 +445,28 @@ func TestServiceSeesUnusableRedis(t *testing.T) {
 
 func newRedisClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: addr})
+}
+
+// wantStartupFailure runs the service with env and wants it to refuse to
+// start: to exit non-zero within 30 s, its log naming want.
+func wantStartupFailure(t *testing.T, env map[string]string, want string) {
+	t.Helper()
+	svc, err := faulttest.NewService(serviceBin, env, filepath.Join(t.TempDir(), "service.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Kill)
+	if err := svc.Launch(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	state, err := svc.Wait(ctx)
+	if err != nil {
+		t.Fatalf("service still running, want it to refuse to start naming %q: %v", want, err)
+	}
+	log, _ := os.ReadFile(svc.LogPath())
+	if state.ExitCode() == 0 || !strings.Contains(string(log), want) {
+		t.Fatalf("exit %d, log:\n%s\nwant a failure naming %q", state.ExitCode(), log, want)
+	}
 }
