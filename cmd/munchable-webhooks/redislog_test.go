@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,8 +14,8 @@ import (
 )
 
 // TestRedisLoggerHoldsBackRepeats: while Redis is unreachable go-redis logs
-// each failed dial, so a line of one kind is written once per interval,
-// with the count held back since; other kinds pass on their own.
+// each failed dial, so the same line is written once per interval, with the
+// count held back since; other lines, a failover's included, pass at once.
 func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
@@ -26,8 +28,11 @@ func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 	for i := range 50 {
 		r.Printf(ctx, dial, 1, "connection refused")
 		now = now.Add(time.Second) // 50 s in all: within the minute
-		if i == 10 {
+		switch i {
+		case 10:
 			r.Printf(ctx, "redis: failed to close connection: %v", "EOF")
+		case 20, 30:
+			r.Printf(ctx, "sentinel: new master=%q addr=%q", "mymaster", fmt.Sprintf("127.0.0.1:%d", 7000+i))
 		}
 	}
 	now = now.Add(10 * time.Second)
@@ -51,9 +56,28 @@ func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 	want := []line{
 		{"WARN", "redis: connection pool: failed to dial after 1 attempts: connection refused", "go-redis", 0},
 		{"WARN", "redis: failed to close connection: EOF", "go-redis", 0},
+		{"WARN", `sentinel: new master="mymaster" addr="127.0.0.1:7020"`, "go-redis", 0},
+		{"WARN", `sentinel: new master="mymaster" addr="127.0.0.1:7030"`, "go-redis", 0},
 		{"WARN", "redis: connection pool: failed to dial after 1 attempts: connection refused", "go-redis", 49},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("lines (-want +got):\n%s", diff)
+	}
+}
+
+// TestRedisLoggerForgets: lines that differ each time (a connection's
+// number in them) do not grow the logger's memory past its bound once
+// they are older than the interval.
+func TestRedisLoggerForgets(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	r := newRedisLogger(newLogger(io.Discard, slog.LevelWarn), time.Minute)
+	r.now = func() time.Time { return now }
+	for i := range 3 * redisLinesKept {
+		r.Printf(context.Background(), "conn[%d] has nil state machine, removing it", i)
+		now = now.Add(time.Second)
+	}
+	if n := len(r.last); n > redisLinesKept {
+		t.Errorf("%d lines remembered, want at most %d", n, redisLinesKept)
 	}
 }

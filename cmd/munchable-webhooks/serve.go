@@ -611,18 +611,19 @@ func newRedisClient(o *redis.UniversalOptions, timeout time.Duration) redis.Univ
 // main sets it once, before anything runs: setting it here, per client,
 // raced with the clients of commands that tests run side by side.
 //
-// Each kind of line (its format) is written at most once per every, with
-// the count of those held back since: while Redis is unreachable or its
-// certificate untrusted, go-redis logs every failed dial, which is every
-// delivery, readiness probe and scrape, and the claim probe already names
-// the reason once a minute.
+// A line is written at most once per every, with the count of its
+// repeats held back since: while Redis is unreachable or its certificate
+// untrusted, go-redis logs the same failed dial for every delivery,
+// readiness probe and scrape, and the claim probe already names the reason
+// once a minute. A line that says something new (a failover's "new
+// master" with its address) is another line and goes out at once.
 type redisLogger struct {
 	l     *slog.Logger
 	every time.Duration
 	now   func() time.Time
 
 	mu   sync.Mutex
-	last map[string]redisLine // by format: go-redis's are constants, so few
+	last map[string]redisLine // by the line's text
 }
 
 type redisLine struct {
@@ -630,25 +631,37 @@ type redisLine struct {
 	held int
 }
 
+// redisLinesKept bounds redisLogger's memory: past it, lines last written
+// over an interval ago are forgotten (their held-back counts with them).
+const redisLinesKept = 256
+
 func newRedisLogger(l *slog.Logger, every time.Duration) *redisLogger {
 	return &redisLogger{l: l, every: every, now: time.Now, last: map[string]redisLine{}}
 }
 
 func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
 	r.mu.Lock()
 	now := r.now()
-	prev, seen := r.last[format]
+	prev, seen := r.last[msg]
 	if seen && now.Sub(prev.at) < r.every {
 		prev.held++
-		r.last[format] = prev
+		r.last[msg] = prev
 		r.mu.Unlock()
 		return
 	}
-	r.last[format] = redisLine{at: now}
+	if len(r.last) >= redisLinesKept {
+		for k, line := range r.last {
+			if now.Sub(line.at) >= r.every {
+				delete(r.last, k)
+			}
+		}
+	}
+	r.last[msg] = redisLine{at: now}
 	r.mu.Unlock()
 	attrs := []any{"component", "go-redis"}
 	if prev.held > 0 {
 		attrs = append(attrs, "held_back", prev.held)
 	}
-	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), attrs...)
+	r.l.WarnContext(ctx, msg, attrs...)
 }
