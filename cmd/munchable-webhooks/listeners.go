@@ -5,17 +5,20 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"golang.org/x/net/netutil"
 )
 
-// maxHeaderBytes bounds a request's header block on every listener; over
-// it net/http answers 431. Go's default is 1 MiB, and the server reads a
-// header line whole before judging it: 100 connections each sending an
-// unfinished 1 MiB line held 194 MiB until the header timeout. A provider's
-// headers are a few hundred bytes, a browser's a few KiB.
-const maxHeaderBytes = 32 << 10
+// maxHeaderBytes bounds a request's header block on every listener at
+// 32 KiB; over it net/http answers 431. Go's default is 1 MiB, and the
+// server reads a header line whole before judging it: 100 connections each
+// sending an unfinished 1 MiB line held 194 MiB until the header timeout. A
+// provider's headers are a few hundred bytes, a browser's a few KiB.
+// net/http reads 4 KiB beyond MaxHeaderBytes before it refuses, so the
+// setting is that much under the bound.
+const maxHeaderBytes = 32<<10 - 4<<10
 
 // Timeouts of the metrics listener: a scrape is one small GET answered from
 // memory. The idle timeout is short because a kept-alive scraper
@@ -33,8 +36,9 @@ const headerTimeout = 5 * time.Second
 
 // limitedServer is an http.Server with every limit a listener open to
 // untrusted clients needs: header size, and read-header, read, write and
-// idle timeouts.
-func limitedServer(handler http.Handler, errorLog *log.Logger, read, write, idle time.Duration) *http.Server {
+// idle timeouts; and, for a listener holding at most maxConns connections,
+// idle ones closed while it is half full (idleCloser).
+func limitedServer(handler http.Handler, errorLog *log.Logger, read, write, idle time.Duration, maxConns int) *http.Server {
 	return &http.Server{
 		Handler:           handler,
 		MaxHeaderBytes:    maxHeaderBytes,
@@ -43,6 +47,56 @@ func limitedServer(handler http.Handler, errorLog *log.Logger, read, write, idle
 		WriteTimeout:      write,
 		IdleTimeout:       idle,
 		ErrorLog:          errorLog,
+		ConnState:         newIdleCloser(max(1, maxConns/2)).connState,
+	}
+}
+
+// idleCloser closes kept-alive connections that sit idle while at least
+// high connections are open. A connection keeps its slot of
+// MAX_CONNECTIONS until it closes, and the idle timeout is long (a load
+// balancer's pooled connections must outlive its own idle timeout, or it
+// meets closed ones): without this, a client that opened MAX_CONNECTIONS
+// connections and sent one request on each held every slot for the idle
+// timeout at a few requests a second, and providers and probes waited in
+// the kernel's queue. Under half full, nothing changes.
+type idleCloser struct {
+	high int
+
+	mu   sync.Mutex
+	open int
+	idle map[net.Conn]struct{}
+}
+
+func newIdleCloser(high int) *idleCloser {
+	return &idleCloser{high: high, idle: map[net.Conn]struct{}{}}
+}
+
+// connState is the server's ConnState hook: net/http calls it as each
+// connection changes state, from that connection's goroutine or the accept
+// loop.
+func (c *idleCloser) connState(conn net.Conn, state http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch state {
+	case http.StateNew:
+		c.open++
+		if c.open >= c.high {
+			for idle := range c.idle {
+				_ = idle.Close() // its StateClosed follows
+				delete(c.idle, idle)
+			}
+		}
+	case http.StateIdle:
+		if c.open >= c.high {
+			_ = conn.Close()
+			return
+		}
+		c.idle[conn] = struct{}{}
+	case http.StateActive:
+		delete(c.idle, conn)
+	case http.StateClosed, http.StateHijacked:
+		c.open--
+		delete(c.idle, conn)
 	}
 }
 

@@ -264,13 +264,13 @@ func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.L
 	errorLog := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	// A delivery may run for the whole handler deadline before it answers.
 	srv := limitedServer(handler, errorLog, 30*time.Second,
-		cfg.HandlerTimeout+2*cfg.RedisTimeout+10*time.Second, 120*time.Second)
+		cfg.HandlerTimeout+2*cfg.RedisTimeout+10*time.Second, 120*time.Second, cfg.MaxConnections)
 	servers := []*http.Server{srv}
 	addrs := []string{cfg.ListenAddr}
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", metrics)
-		servers = append(servers, limitedServer(mux, errorLog, metricsReadTimeout, metricsWriteTimeout, metricsIdleTimeout))
+		servers = append(servers, limitedServer(mux, errorLog, metricsReadTimeout, metricsWriteTimeout, metricsIdleTimeout, cfg.MaxConnections))
 		addrs = append(addrs, cfg.MetricsAddr)
 	}
 	served := make(chan error, len(servers))

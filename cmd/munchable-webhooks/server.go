@@ -78,18 +78,33 @@ func handleReadyz(postgres *postgresProbe, claims *claimProbe, draining *atomic.
 // own. A ping through the pool waits for a free connection, so a pool held
 // by slow work (say, form posts waiting on a locked table) read as a dead
 // database and failed readiness on every replica at once.
+//
+// /readyz is public, so an answer under probeFresh old is given again
+// rather than asked anew: a flood of /readyz requests once queued on the
+// probe's one connection until the kubelet's own probe timed out, and every
+// replica went unready at once.
 type postgresProbe struct {
 	cfg  *pgx.ConnConfig
 	lock chan struct{} // one probe at a time; a waiting one keeps its deadline
 	conn *pgx.Conn
+	now  func() time.Time
+
+	at   time.Time // of the last answer, under lock
+	last error
 }
+
+// probeFresh is how long a readiness answer stands: well under the
+// kubelet's probe period, long enough that a flood costs one ping a second.
+const probeFresh = time.Second
 
 func newPostgresProbe(pool *pgxpool.Pool) *postgresProbe {
-	return &postgresProbe{cfg: pool.Config().ConnConfig.Copy(), lock: make(chan struct{}, 1)}
+	return &postgresProbe{cfg: pool.Config().ConnConfig.Copy(), lock: make(chan struct{}, 1), now: time.Now}
 }
 
-// ping opens the probe's connection when it has none, and pings on it. A
-// connection that failed is dropped, so the next probe starts afresh.
+// ping answers whether Postgres answers: the last answer while it is under
+// probeFresh old, else a ping on the probe's connection, opened when it has
+// none. A connection that failed is dropped, so the next probe starts
+// afresh.
 func (p *postgresProbe) ping(ctx context.Context) error {
 	select {
 	case p.lock <- struct{}{}:
@@ -97,6 +112,15 @@ func (p *postgresProbe) ping(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("wait for the previous probe: %w", ctx.Err())
 	}
+	if !p.at.IsZero() && p.now().Sub(p.at) < probeFresh {
+		return p.last
+	}
+	p.last = p.pingNow(ctx)
+	p.at = p.now()
+	return p.last
+}
+
+func (p *postgresProbe) pingNow(ctx context.Context) error {
 	if p.conn == nil || p.conn.IsClosed() {
 		conn, err := pgx.ConnectConfig(ctx, p.cfg)
 		if err != nil {

@@ -189,3 +189,35 @@ func TestReadyzBusyPool(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyzProbeAnswersFromFresh: within probeFresh of its last answer
+// the Postgres probe gives that answer again without asking (a flood of
+// /readyz costs one ping a second); after it, it asks, and so sees a
+// server that has gone.
+func TestReadyzProbeAnswersFromFresh(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(t.Context(), dbtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	probe := newPostgresProbe(pool)
+	t.Cleanup(probe.close)
+	now := time.Now()
+	probe.now = func() time.Time { return now }
+	if err := probe.ping(t.Context()); err != nil {
+		t.Fatalf("first ping: %v", err)
+	}
+	// The server "goes": the probe's connection ends and a new one finds
+	// nothing listening.
+	probe.closeConn()
+	probe.cfg.Port = 1
+	now = now.Add(probeFresh / 2)
+	if err := probe.ping(t.Context()); err != nil {
+		t.Errorf("ping within probeFresh of an ok: %v, want the fresh ok", err)
+	}
+	now = now.Add(probeFresh)
+	if err := probe.ping(t.Context()); err == nil {
+		t.Error("ping after probeFresh, nothing listening: ok, want an error")
+	}
+}
