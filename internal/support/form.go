@@ -188,14 +188,16 @@ func (f *Form) submit(w http.ResponseWriter, r *http.Request) {
 		f.problem(w, html, ref.status, ref.msg)
 		return
 	}
-	if in.Website != "" {
-		f.spam(w, r, html)
-		return
-	}
 	key := idempotencyKey(r.Header, errs)
 	in = in.validate(errs)
 	if len(errs) > 0 {
 		f.invalid(w, html, in, errs)
+		return
+	}
+	// Only now, so that a bot's invalid post gets the 422 a person's gets:
+	// answered as a success, it would learn that the honeypot caught it.
+	if in.Website != "" {
+		f.spam(w, r, html)
 		return
 	}
 	id, outcome, err := f.store(r.Context(), in.message(key))
@@ -348,9 +350,15 @@ func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool) {
 }
 
 // invalid answers 422: the problems as JSON, or the form again with them
-// and with what was typed.
+// and with what was typed (never the honeypot). A post with the honeypot
+// filled is answered the same and counted as spam: outcome invalid counts
+// the people the form turned back.
 func (f *Form) invalid(w http.ResponseWriter, html bool, in form, errs fieldErrors) {
-	f.submissions.WithLabelValues(outcomeInvalid).Inc()
+	outcome := outcomeInvalid
+	if in.Website != "" {
+		outcome = outcomeSpam
+	}
+	f.submissions.WithLabelValues(outcome).Inc()
 	if html {
 		f.pages.form(w, http.StatusUnprocessableEntity, in, errs)
 		return

@@ -201,6 +201,67 @@ func TestFormHoneypot(t *testing.T) {
 	}
 }
 
+// TestFormHoneypotValidatedFirst: an invalid post with the honeypot filled
+// gets the 422 a person's gets, byte for byte, JSON and form post alike:
+// answering it as a success would tell the bot the honeypot caught it. It
+// is counted as spam all the same.
+func TestFormHoneypotValidatedFirst(t *testing.T) {
+	t.Parallel()
+	wf := newWebForm(t, support.FormConfig{})
+	h := wf.form.Submit()
+	send := func(html bool, fields map[string]string, header ...string) *httptest.ResponseRecorder {
+		t.Helper()
+		if html {
+			vals := url.Values{}
+			for k, v := range fields {
+				vals.Set(k, v)
+			}
+			return post(t, h, "application/x-www-form-urlencoded", vals.Encode(), append([]string{"Accept", browserAccept}, header...)...)
+		}
+		m := map[string]any{}
+		for k, v := range fields {
+			m[k] = v
+		}
+		return postJSON(t, h, m, header...)
+	}
+	tests := []struct {
+		name   string
+		html   bool
+		fields map[string]string
+		header []string
+	}{
+		{"JSON, email invalid", false, map[string]string{"email": "bot at example.com", "message": "cheap pills"}, nil},
+		{"JSON, message missing", false, map[string]string{"email": "bot@example.com"}, nil},
+		{"JSON, subject over 300 characters", false, map[string]string{"email": "bot@example.com", "subject": strings.Repeat("s", 301), "message": "cheap pills"}, nil},
+		{"JSON, idempotency key too long", false, map[string]string{"email": "bot@example.com", "message": "cheap pills"}, []string{"Idempotency-Key", strings.Repeat("k", 256)}},
+		{"form post, email invalid", true, map[string]string{"email": "bot at example.com", "message": "cheap pills"}, nil},
+		{"form post, message missing", true, map[string]string{"email": "bot@example.com", "name": "Bot"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			person := send(tc.html, tc.fields, tc.header...)
+			bot := map[string]string{"website": "https://spam.example"}
+			for k, v := range tc.fields {
+				bot[k] = v
+			}
+			w := send(tc.html, bot, tc.header...)
+			if person.Code != http.StatusUnprocessableEntity || w.Code != http.StatusUnprocessableEntity {
+				t.Fatalf("status = %d with the honeypot filled, %d without; want 422 for both", w.Code, person.Code)
+			}
+			if got, want := w.Header().Get("Content-Type"), person.Header().Get("Content-Type"); got != want {
+				t.Errorf("Content-Type = %q, want a person's %q", got, want)
+			}
+			if diff := cmp.Diff(person.Body.String(), w.Body.String()); diff != "" {
+				t.Errorf("answer differs from a person's (-person +bot):\n%s", diff)
+			}
+		})
+	}
+	if n := countMessages(t, wf.pool); n != 0 {
+		t.Errorf("rows = %d, want 0", n)
+	}
+	wantCounts(t, wf.reg, map[string]float64{"invalid": float64(len(tests)), "spam": float64(len(tests))})
+}
+
 func TestFormCORS(t *testing.T) {
 	t.Parallel()
 	wf := newWebForm(t, support.FormConfig{Origins: []string{"https://munchable.app", " https://www.Munchable.app"}})
