@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v79/client"
+	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
@@ -425,6 +427,62 @@ func TestSignatureFromTheFuture(t *testing.T) {
 		t.Errorf("rejected deliveries = %v, want 1 (a verification failure)", got)
 	}
 	assertAnswer(t, h.post(t, body, time.Now().Add(Tolerance-30*time.Second)), 200, "first")
+}
+
+// A Stripe-Signature header with more than one t= is refused as a bad
+// signature, whichever t= the signature covers: stripe-go verifies against
+// the last one, so a current t= put before a signature dated an hour ahead
+// would otherwise pass the bound on how far ahead it may be.
+func TestSignatureWithTwoTimestamps(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	body := corpus(t, "customer.subscription.updated.cancel_at.json")
+	now := time.Now()
+	future := now.Add(time.Hour)
+	signed := func(at time.Time) string {
+		return webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: secret, Timestamp: at}).Header
+	}
+	stamp := func(at time.Time) string { return "t=" + strconv.FormatInt(at.Unix(), 10) }
+
+	tests := []struct {
+		name string
+		sig  string
+	}{
+		{"a current t= before a signature dated ahead", stamp(now) + "," + signed(future)},
+		{"a current t= after a signature dated ahead", signed(future) + "," + stamp(now)},
+		{"a t= dated ahead before a current signature", stamp(future) + "," + signed(now)},
+		{"a t= dated ahead after a current signature", signed(now) + "," + stamp(future)},
+		{"the signed t= twice", stamp(now) + "," + signed(now)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := h.postWithHeader(body, tt.sig)
+			if w.Code != 400 {
+				t.Errorf("status = %d, want 400 (%s)", w.Code, w.Body)
+			}
+			if got := w.Header().Get(claim.HeaderIdempotency); got != "" {
+				t.Errorf("a refused delivery reached the claim (%s: %s)", claim.HeaderIdempotency, got)
+			}
+		})
+	}
+	n := float64(len(tests))
+	if got := h.metric(t, "webhook_rejections_total", "provider", "stripe", "reason", "signature"); got != n {
+		t.Errorf("signature rejections = %v, want %v", got, n)
+	}
+	if got := h.metric(t, "webhook_rejections_total", "provider", "stripe", "reason", "timestamp"); got != 0 {
+		t.Errorf("timestamp rejections = %v, want 0", got)
+	}
+	if got := h.metric(t, "webhook_deliveries_total", "provider", "stripe", "outcome", "rejected"); got != n {
+		t.Errorf("rejected deliveries = %v, want %v (verification failures)", got, n)
+	}
+	if keys := h.rdb.Keys(t.Context(), h.claims.Key("stripe", "*")).Val(); len(keys) != 0 {
+		t.Errorf("refused deliveries took claims: %v", keys)
+	}
+	if n := h.rows(t); n != 0 {
+		t.Errorf("refused deliveries wrote %d rows", n)
+	}
+	// The same body, signed with one t=, is the first delivery of its event.
+	assertAnswer(t, h.post(t, body, now), 200, "first")
 }
 
 // sameSecond is the cancel_at corpus event and a second event of the same

@@ -148,9 +148,14 @@ func effect(v entitlements.Verdict) claim.Effect {
 // decode the whole event into its own type and refuse other API versions.
 // stripe-go bounds a timestamp's age but not how far ahead it is; a
 // signature dated years ahead would stay replayable until then, so that
-// side is bounded here with the same tolerance.
+// side is bounded here with the same tolerance, on the t= the signature
+// covers.
 func verify(body []byte, header, secret string, now time.Time) error {
-	err := webhook.ValidatePayloadWithTolerance(body, header, secret, Tolerance)
+	t, err := signedAt(header)
+	if err != nil {
+		return fmt.Errorf("stripe signature: %w: %w", claim.ErrSignature, err)
+	}
+	err = webhook.ValidatePayloadWithTolerance(body, header, secret, Tolerance)
 	switch {
 	case err == nil:
 	case errors.Is(err, webhook.ErrTooOld):
@@ -158,20 +163,37 @@ func verify(body []byte, header, secret string, now time.Time) error {
 	default:
 		return fmt.Errorf("stripe signature: %w: %w", claim.ErrSignature, err)
 	}
-	if t, ok := signedAt(header); ok && t.Sub(now) > Tolerance {
+	if t.Sub(now) > Tolerance {
 		return fmt.Errorf("stripe signature: %w: signed %s ahead", claim.ErrTimestamp, t.Sub(now).Round(time.Second))
 	}
 	return nil
 }
 
-// signedAt reads t= from a Stripe-Signature header that has already
-// verified.
-func signedAt(header string) (time.Time, bool) {
+var errTimestamps = errors.New("more than one t= in the header")
+
+// signedAt reads the t= of a Stripe-Signature header, the time its
+// signature covers. A header with more than one t= is refused: stripe-go
+// verifies against the last, so any other one could carry a time the
+// signature does not cover. Stripe sends exactly one, so such a header is
+// forged or mangled, and it counts as a bad signature rather than a
+// timestamp, whose refusals mean a clock off or a delivery replayed late.
+// A header without t=, or with a t= that is no number, is left to
+// stripe-go to refuse.
+func signedAt(header string) (time.Time, error) {
+	var at time.Time
+	seen := false
 	for part := range strings.SplitSeq(header, ",") {
-		if v, ok := strings.CutPrefix(part, "t="); ok {
-			secs, err := strconv.ParseInt(v, 10, 64)
-			return time.Unix(secs, 0), err == nil
+		v, ok := strings.CutPrefix(part, "t=")
+		if !ok {
+			continue
+		}
+		if seen {
+			return time.Time{}, errTimestamps
+		}
+		seen = true
+		if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+			at = time.Unix(secs, 0)
 		}
 	}
-	return time.Time{}, false
+	return at, nil
 }

@@ -3,7 +3,10 @@ package support
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	crand "crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,6 +20,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -117,6 +121,9 @@ type Form struct {
 	trusted     []netip.Prefix
 	logger      *slog.Logger
 	submissions *prometheus.CounterVec
+	// spamKey and spamBase make a honeypot post's id (fakeID).
+	spamKey  [32]byte
+	spamBase atomic.Int64
 }
 
 // NewForm returns the support form, queueing into q.
@@ -143,6 +150,7 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 			Help: "Support form posts by outcome (spam: the honeypot was filled; nothing stored).",
 		}, []string{"outcome"}),
 	}
+	crand.Read(f.spamKey[:]) // never returns an error
 	f.cors = f.origins.cors()
 	f.limit = rateLimit(cfg.Rate, cfg.TrustedProxies, f.rateLimited)
 	for _, o := range []string{outcomeAccepted, outcomeDuplicate, outcomeInvalid, outcomeRateLimited,
@@ -188,14 +196,16 @@ func (f *Form) submit(w http.ResponseWriter, r *http.Request) {
 		f.problem(w, html, ref.status, ref.msg)
 		return
 	}
-	if in.Website != "" {
-		f.spam(w, r, html)
-		return
-	}
 	key := idempotencyKey(r.Header, errs)
 	in = in.validate(errs)
 	if len(errs) > 0 {
 		f.invalid(w, html, in, errs)
+		return
+	}
+	// Only now, so that a bot's invalid post gets the 422 a person's gets:
+	// answered as a success, it would learn that the honeypot caught it.
+	if in.Website != "" {
+		f.spam(w, r, html, key)
 		return
 	}
 	id, outcome, err := f.store(r.Context(), in.message(key))
@@ -203,16 +213,8 @@ func (f *Form) submit(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errKeyReused):
 		f.invalid(w, html, in, fieldErrors{headerIdemKey: "was already used for a different message"})
 		return
-	case errors.Is(err, errDatabaseBusy):
-		f.submissions.WithLabelValues(outcomeFailed).Inc()
-		f.logger.WarnContext(r.Context(), "support form: database busy, answered 503", "err", err)
-		w.Header().Set("Retry-After", formRetryAfter)
-		f.problem(w, html, http.StatusServiceUnavailable, "the support queue is busy, try again in a few seconds")
-		return
 	case err != nil:
-		f.submissions.WithLabelValues(outcomeFailed).Inc()
-		f.logger.ErrorContext(r.Context(), "support form: store failed", "err", err)
-		f.problem(w, html, http.StatusInternalServerError, "could not queue the message, try again")
+		f.failed(w, r, html, err)
 		return
 	}
 	f.submissions.WithLabelValues(outcome).Inc()
@@ -290,38 +292,51 @@ var (
 	errDatabaseBusy = errors.New("support queue busy")
 )
 
-// store queues m under the form's own deadline and share of the pool, and
-// says whether it was new (accepted) or an idempotent repeat (duplicate).
-func (f *Form) store(ctx context.Context, m Message) (id int64, outcome string, err error) {
+// withDB runs do under the form's own deadline and share of the pool. No
+// slot in time, or do failing once the deadline has passed, is
+// errDatabaseBusy.
+func (f *Form) withDB(ctx context.Context, do func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, formDBTimeout)
 	defer cancel()
 	select {
 	case f.dbSlots <- struct{}{}:
 		defer func() { <-f.dbSlots }()
 	case <-ctx.Done():
-		return 0, "", fmt.Errorf("wait for one of %d database slots: %w", cap(f.dbSlots), errDatabaseBusy)
+		return fmt.Errorf("wait for one of %d database slots: %w", cap(f.dbSlots), errDatabaseBusy)
 	}
-	id, inserted, err := f.queue.Enqueue(ctx, m)
-	if err == nil && !inserted {
+	err := do(ctx)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", errDatabaseBusy, err)
+	}
+	return err
+}
+
+// store queues m (withDB), and says whether it was new (accepted) or an
+// idempotent repeat (duplicate).
+func (f *Form) store(ctx context.Context, m Message) (id int64, outcome string, err error) {
+	inserted := false
+	err = f.withDB(ctx, func(ctx context.Context) error {
+		var err error
+		if id, inserted, err = f.queue.Enqueue(ctx, m); err != nil || inserted {
+			return err
+		}
 		// The key was used before. Answer the first message's id only if
 		// this is the same message: a key reused for another message would
 		// otherwise be acknowledged and silently dropped (the IETF
 		// Idempotency-Key draft answers such a reuse with 422).
-		var same bool
-		if same, err = sameForm(ctx, f.queue, id, m); err == nil && !same {
-			return 0, "", errKeyReused
+		same, err := sameForm(ctx, f.queue, id, m)
+		if err == nil && !same {
+			return errKeyReused
 		}
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, "", fmt.Errorf("%w: %w", errDatabaseBusy, err)
-		}
+		return err
+	})
+	switch {
+	case err != nil:
 		return 0, "", err
+	case inserted:
+		return id, outcomeAccepted, nil
 	}
-	if !inserted {
-		return id, outcomeDuplicate, nil
-	}
-	return id, outcomeAccepted, nil
+	return id, outcomeDuplicate, nil
 }
 
 // respond answers a post taken: 202 with the message's id for JSON
@@ -338,19 +353,79 @@ func (f *Form) respond(w http.ResponseWriter, r *http.Request, html bool, id int
 	}
 }
 
-// spam answers a post whose honeypot is filled exactly as a success, so
-// the bot learns nothing, and stores nothing.
-func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool) {
+// failed answers a post the database could not take: 503 with
+// Retry-After when it was busy, else 500.
+func (f *Form) failed(w http.ResponseWriter, r *http.Request, html bool, err error) {
+	f.submissions.WithLabelValues(outcomeFailed).Inc()
+	if errors.Is(err, errDatabaseBusy) {
+		f.logger.WarnContext(r.Context(), "support form: database busy, answered 503", "err", err)
+		w.Header().Set("Retry-After", formRetryAfter)
+		f.problem(w, html, http.StatusServiceUnavailable, "the support queue is busy, try again in a few seconds")
+		return
+	}
+	f.logger.ErrorContext(r.Context(), "support form: store failed", "err", err)
+	f.problem(w, html, http.StatusInternalServerError, "could not queue the message, try again")
+}
+
+// spam answers a valid post whose honeypot is filled exactly as a success,
+// so the bot learns nothing, and stores nothing.
+func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool, key string) {
+	id, err := f.fakeID(r.Context(), key)
+	if err != nil {
+		f.failed(w, r, html, err)
+		return
+	}
 	f.submissions.WithLabelValues(outcomeSpam).Inc()
 	f.logger.InfoContext(r.Context(), "support form: honeypot filled, nothing stored")
-	// An id like a real one: 0 would tell the bot it was caught.
-	f.respond(w, r, html, rand.Int64N(1<<31)+1)
+	f.respond(w, r, html, id)
+}
+
+// spamSpread is how many ids above the latest real one a honeypot post's
+// id is drawn from: wide enough that two keys rarely share one, narrow
+// enough to look like ids the queue is handing out.
+const spamSpread = 1000
+
+// fakeID is the id a honeypot post is answered with. Real ids count up
+// from 1 (bigserial), so a fake one is drawn from just above the latest
+// real id, read the first time this process needs one: an id of a billion
+// would give the bot away on a queue of a few thousand messages. The same
+// Idempotency-Key gets the same id, as a real repeat does: an HMAC of the
+// key under a key this process drew at random picks it, so nothing is
+// stored and nothing is configured. The price of that: another replica, or
+// this one after a restart, answers the same key with another id, and a
+// key reused for another message gets its id rather than a real post's 422.
+func (f *Form) fakeID(ctx context.Context, key string) (int64, error) {
+	base := f.spamBase.Load()
+	if base == 0 {
+		var latest int64
+		err := f.withDB(ctx, func(ctx context.Context) (err error) {
+			latest, err = f.queue.latestID(ctx)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		f.spamBase.CompareAndSwap(0, latest+1)
+		base = f.spamBase.Load()
+	}
+	if key == "" {
+		return base + rand.Int64N(spamSpread), nil
+	}
+	mac := hmac.New(sha256.New, f.spamKey[:])
+	mac.Write([]byte(key))
+	return base + int64(binary.BigEndian.Uint64(mac.Sum(nil))%spamSpread), nil
 }
 
 // invalid answers 422: the problems as JSON, or the form again with them
-// and with what was typed.
+// and with what was typed (never the honeypot). A post with the honeypot
+// filled is answered the same and counted as spam: outcome invalid counts
+// the people the form turned back.
 func (f *Form) invalid(w http.ResponseWriter, html bool, in form, errs fieldErrors) {
-	f.submissions.WithLabelValues(outcomeInvalid).Inc()
+	outcome := outcomeInvalid
+	if in.Website != "" {
+		outcome = outcomeSpam
+	}
+	f.submissions.WithLabelValues(outcome).Inc()
 	if html {
 		f.pages.form(w, http.StatusUnprocessableEntity, in, errs)
 		return

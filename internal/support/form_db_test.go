@@ -17,9 +17,10 @@ import (
 )
 
 // TestFormDatabaseShare locks support_messages in another transaction and
-// posts the form three times at once: the posts never hold more than a
-// quarter of the pool (one of four connections), and each gives up at the
-// form's deadline with 503 and Retry-After instead of waiting on the lock.
+// posts the form four times at once, the last with its honeypot filled: the
+// posts never hold more than a quarter of the pool (one of four
+// connections), and each gives up at the form's deadline with 503 and
+// Retry-After instead of waiting on the lock, the bot's as a person's.
 func TestFormDatabaseShare(t *testing.T) {
 	t.Parallel()
 	dbURL := dbtest.NewDatabase(t)
@@ -39,11 +40,15 @@ func TestFormDatabaseShare(t *testing.T) {
 	unlock := dbtest.LockTable(t, dbURL, "support_messages")
 
 	var wg sync.WaitGroup
-	answers := make([]int, 3)
-	retryAfter := make([]string, 3)
+	answers := make([]int, 4)
+	retryAfter := make([]string, 4)
 	for i := range answers {
 		wg.Go(func() {
-			w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help " + strconv.Itoa(i)})
+			fields := map[string]any{"email": "ada@example.com", "message": "Help " + strconv.Itoa(i)}
+			if i == len(answers)-1 {
+				fields["website"] = "https://spam.example"
+			}
+			w := postJSON(t, h, fields)
 			answers[i], retryAfter[i] = w.Code, w.Header().Get("Retry-After")
 		})
 	}
@@ -69,7 +74,7 @@ func TestFormDatabaseShare(t *testing.T) {
 	if most != 1 {
 		t.Errorf("form posts held up to %d pool connections at once, want 1 (a quarter of 4)", most)
 	}
-	wantCounts(t, reg, map[string]float64{"failed": 3})
+	wantCounts(t, reg, map[string]float64{"failed": 4})
 
 	unlock()
 	if w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help"}); w.Code != http.StatusAccepted {

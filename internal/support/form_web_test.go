@@ -201,6 +201,123 @@ func TestFormHoneypot(t *testing.T) {
 	}
 }
 
+// TestFormHoneypotValidatedFirst: an invalid post with the honeypot filled
+// gets the 422 a person's gets, byte for byte, JSON and form post alike:
+// answering it as a success would tell the bot the honeypot caught it. It
+// is counted as spam all the same.
+func TestFormHoneypotValidatedFirst(t *testing.T) {
+	t.Parallel()
+	wf := newWebForm(t, support.FormConfig{})
+	h := wf.form.Submit()
+	send := func(html bool, fields map[string]string, header ...string) *httptest.ResponseRecorder {
+		t.Helper()
+		if html {
+			vals := url.Values{}
+			for k, v := range fields {
+				vals.Set(k, v)
+			}
+			return post(t, h, "application/x-www-form-urlencoded", vals.Encode(), append([]string{"Accept", browserAccept}, header...)...)
+		}
+		m := map[string]any{}
+		for k, v := range fields {
+			m[k] = v
+		}
+		return postJSON(t, h, m, header...)
+	}
+	tests := []struct {
+		name   string
+		html   bool
+		fields map[string]string
+		header []string
+	}{
+		{"JSON, email invalid", false, map[string]string{"email": "bot at example.com", "message": "cheap pills"}, nil},
+		{"JSON, message missing", false, map[string]string{"email": "bot@example.com"}, nil},
+		{"JSON, subject over 300 characters", false, map[string]string{"email": "bot@example.com", "subject": strings.Repeat("s", 301), "message": "cheap pills"}, nil},
+		{"JSON, idempotency key too long", false, map[string]string{"email": "bot@example.com", "message": "cheap pills"}, []string{"Idempotency-Key", strings.Repeat("k", 256)}},
+		{"form post, email invalid", true, map[string]string{"email": "bot at example.com", "message": "cheap pills"}, nil},
+		{"form post, message missing", true, map[string]string{"email": "bot@example.com", "name": "Bot"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			person := send(tc.html, tc.fields, tc.header...)
+			bot := map[string]string{"website": "https://spam.example"}
+			for k, v := range tc.fields {
+				bot[k] = v
+			}
+			w := send(tc.html, bot, tc.header...)
+			if person.Code != http.StatusUnprocessableEntity || w.Code != http.StatusUnprocessableEntity {
+				t.Fatalf("status = %d with the honeypot filled, %d without; want 422 for both", w.Code, person.Code)
+			}
+			if got, want := w.Header().Get("Content-Type"), person.Header().Get("Content-Type"); got != want {
+				t.Errorf("Content-Type = %q, want a person's %q", got, want)
+			}
+			if diff := cmp.Diff(person.Body.String(), w.Body.String()); diff != "" {
+				t.Errorf("answer differs from a person's (-person +bot):\n%s", diff)
+			}
+		})
+	}
+	if n := countMessages(t, wf.pool); n != 0 {
+		t.Errorf("rows = %d, want 0", n)
+	}
+	wantCounts(t, wf.reg, map[string]float64{"invalid": float64(len(tests)), "spam": float64(len(tests))})
+}
+
+// TestFormHoneypotIdempotencyKey: with the honeypot filled, the same
+// Idempotency-Key is answered with the same id, as a real repeat is, and
+// the ids look like real ones: just above the latest real id, and not all
+// the same. A plain post is answered with the page a person's gets.
+func TestFormHoneypotIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	wf := newWebForm(t, support.FormConfig{})
+	h := wf.form.Submit()
+	w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Where is my order?"}, "Idempotency-Key", "ada-1")
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("real post: status = %d %s, want 202", w.Code, w.Body)
+	}
+	latest := decodeJSON[map[string]int64](t, w)["id"]
+
+	bot := map[string]any{"email": "bot@example.com", "message": "cheap pills", "website": "https://spam.example"}
+	spamID := func(header ...string) int64 {
+		t.Helper()
+		w := postJSON(t, h, bot, header...)
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("honeypot post: status = %d %s, want 202", w.Code, w.Body)
+		}
+		return decodeJSON[map[string]int64](t, w)["id"]
+	}
+	first := spamID("Idempotency-Key", "bot-1")
+	if again := spamID("Idempotency-Key", "bot-1"); again != first {
+		t.Errorf("the same key answered ids %d and %d, want the first one again as a real repeat gets", first, again)
+	}
+	ids := map[int64]bool{first: true}
+	for i := range 10 {
+		ids[spamID("Idempotency-Key", "bot-key-"+strconv.Itoa(i))] = true
+	}
+	ids[spamID()] = true
+	if len(ids) < 2 {
+		t.Errorf("eleven keys and a post without one all answered %v, want ids that differ as real ones do", ids)
+	}
+	for id := range ids {
+		if id <= latest || id > latest+support.SpamSpread {
+			t.Errorf("honeypot id %d, want one just above the latest real id %d (within %d)", id, latest, support.SpamSpread)
+		}
+	}
+
+	person := browserPost(t, h, url.Values{"email": {"ada@example.com"}, "message": {"Where is my order?"}})
+	for range 2 {
+		w := post(t, h, "application/x-www-form-urlencoded",
+			url.Values{"email": {"bot@example.com"}, "message": {"cheap pills"}, "website": {"https://spam.example"}}.Encode(),
+			"Accept", browserAccept, "Idempotency-Key", "bot-html")
+		if w.Code != person.Code || w.Header().Get("Content-Type") != person.Header().Get("Content-Type") || w.Body.String() != person.Body.String() {
+			t.Errorf("form post: %d %q, want a person's %d %q, the same page", w.Code, w.Header().Get("Content-Type"), person.Code, person.Header().Get("Content-Type"))
+		}
+	}
+	if n := countMessages(t, wf.pool); n != 2 {
+		t.Errorf("rows = %d, want the 2 real posts", n)
+	}
+	wantCounts(t, wf.reg, map[string]float64{"accepted": 2, "spam": 15})
+}
+
 func TestFormCORS(t *testing.T) {
 	t.Parallel()
 	wf := newWebForm(t, support.FormConfig{Origins: []string{"https://munchable.app", " https://www.Munchable.app"}})

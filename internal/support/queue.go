@@ -468,6 +468,17 @@ func (q *Queue) Get(ctx context.Context, id int64) (Message, error) {
 	return m, nil
 }
 
+const latestIDSQL = `SELECT coalesce(max(id), 0) FROM support_messages`
+
+// latestID returns the highest id a message holds, 0 when there is none.
+func (q *Queue) latestID(ctx context.Context) (int64, error) {
+	var id int64
+	if err := q.pool.QueryRow(ctx, latestIDSQL).Scan(&id); err != nil {
+		return 0, fmt.Errorf("latest support message id: %w", err)
+	}
+	return id, nil
+}
+
 // contentHash is sha256 over the sender, subject and bodies, NUL-separated
 // (clean has removed any NUL from the fields, so the encoding is unambiguous).
 func contentHash(m Message) []byte {
