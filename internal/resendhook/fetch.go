@@ -187,7 +187,7 @@ func toMessage(d receivedData, e *receivedEmail, to string, now time.Time) suppo
 		InReplyTo:   e.Headers.get("in-reply-to"),
 		References:  support.MessageIDs(e.Headers.get("references")),
 	}
-	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
+	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
 		*f = oneLine(*f)
 	}
 	for i, r := range m.References {
