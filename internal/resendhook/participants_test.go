@@ -1,6 +1,8 @@
 package resendhook_test
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -44,6 +46,72 @@ func TestThreadParticipants(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("thread, in_reply_to (-want +got):\n%s", diff)
+	}
+}
+
+// TestThreadVerdictKnown: the DMARC verdict a thread rests on is read
+// whatever the sender makes of the other fields. Headers padded to fill
+// the answer's shared field cap up to authentication do not crowd the
+// verdict out: a padded spoof of the customer still fails DMARC and starts
+// its own thread, and a padded reply of the customer's still joins, as
+// they do unpadded.
+func TestThreadVerdictKnown(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	customer := "<order@mail.example.com>"
+	mailIn(t, h, "order", customer, nil, nil)
+	answering := map[string]any{"in-reply-to": customer, "references": customer}
+	verdict := func(dmarc string) map[string]any {
+		return map[string]any{"spf": "pass", "dkim": dmarc, "dmarc": dmarc}
+	}
+	// crowd pads the headers so that the fields before authentication,
+	// as raw JSON and the bodies aside, come within a few bytes of the
+	// shared 1 MiB cap: too few for the verdict, were it to share them.
+	crowd := func(e map[string]any) {
+		used := len("{")
+		for _, k := range h.api.order {
+			if k == "authentication" {
+				break
+			}
+			if v, ok := e[k]; ok && k != "text" && k != "html" {
+				entry, err := json.Marshal(map[string]any{k: v}) // {"k":v}: the entry and its comma
+				if err != nil {
+					t.Fatal(err)
+				}
+				used += len(entry) - 1
+			}
+		}
+		e["headers"].(map[string]any)["x-pad"] = strings.Repeat("a", 1<<20-used-8)
+	}
+	mailIn(t, h, "spoof", "<s1@evil.example>", answering, func(e map[string]any) {
+		e["authentication"] = verdict("fail")
+	})
+	mailIn(t, h, "padded-spoof", "<s2@evil.example>", answering, func(e map[string]any) {
+		e["authentication"] = verdict("fail")
+		crowd(e)
+	})
+	mailIn(t, h, "reply", "<r1@mail.example.com>", answering, func(e map[string]any) {
+		e["authentication"] = verdict("pass")
+	})
+	mailIn(t, h, "padded-reply", "<r2@mail.example.com>", answering, func(e map[string]any) {
+		e["authentication"] = verdict("pass")
+		crowd(e)
+	})
+
+	type threaded struct{ Thread, InReplyTo, AuthDMARC string }
+	got := map[string]threaded{}
+	for _, r := range h.rows(t) {
+		got[r.ExternalID] = threaded{r.Thread, r.InReplyTo, r.AuthDMARC}
+	}
+	want := map[string]threaded{
+		"order":        {"order", "", "pass"},
+		"spoof":        {"spoof", customer, "fail"},
+		"padded-spoof": {"padded-spoof", customer, "fail"},
+		"reply":        {"order", customer, "pass"},
+		"padded-reply": {"order", customer, "pass"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("thread, in_reply_to, auth_dmarc (-want +got):\n%s", diff)
 	}
 }
 
