@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -64,6 +65,10 @@ type answer struct {
 // textCut and htmlCut report whether a part was longer than was kept.
 func (a answer) textCut() bool { return a.textBytes > int64(len(a.email.Text)) }
 func (a answer) htmlCut() bool { return a.htmlBytes > int64(len(a.email.HTML)) }
+
+// skippedField reports whether a field called name was skipped (any time
+// it came, if it came more than once).
+func (a answer) skippedField(name string) bool { return slices.Contains(a.skipped, name) }
 
 // readAnswer reads a Retrieve Received Email answer
 // (https://resend.com/docs/api-reference/emails/retrieve-received-email)

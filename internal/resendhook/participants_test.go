@@ -54,10 +54,13 @@ func TestThreadParticipants(t *testing.T) {
 // the answer's shared field cap up to authentication do not crowd the
 // verdict out: a padded spoof of the customer still fails DMARC and starts
 // its own thread, and a padded reply of the customer's still joins, as
-// they do unpadded.
+// they do unpadded. A verdict that is skipped all the same (larger than
+// its own cap) is not taken for no verdict: the mail joins no thread, and
+// the skip is logged.
 func TestThreadVerdictKnown(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, options{})
+	var logs syncBuffer
+	h := newHarness(t, options{logs: &logs})
 	customer := "<order@mail.example.com>"
 	mailIn(t, h, "order", customer, nil, nil)
 	answering := map[string]any{"in-reply-to": customer, "references": customer}
@@ -97,6 +100,11 @@ func TestThreadVerdictKnown(t *testing.T) {
 		e["authentication"] = verdict("pass")
 		crowd(e)
 	})
+	mailIn(t, h, "verdict-skipped", "<s3@evil.example>", answering, func(e map[string]any) {
+		v := verdict("fail")
+		v["x-pad"] = strings.Repeat("a", 1<<20)
+		e["authentication"] = v
+	})
 
 	type threaded struct{ Thread, InReplyTo, AuthDMARC string }
 	got := map[string]threaded{}
@@ -104,14 +112,29 @@ func TestThreadVerdictKnown(t *testing.T) {
 		got[r.ExternalID] = threaded{r.Thread, r.InReplyTo, r.AuthDMARC}
 	}
 	want := map[string]threaded{
-		"order":        {"order", "", "pass"},
-		"spoof":        {"spoof", customer, "fail"},
-		"padded-spoof": {"padded-spoof", customer, "fail"},
-		"reply":        {"order", customer, "pass"},
-		"padded-reply": {"order", customer, "pass"},
+		"order":           {"order", "", "pass"},
+		"spoof":           {"spoof", customer, "fail"},
+		"padded-spoof":    {"padded-spoof", customer, "fail"},
+		"reply":           {"order", customer, "pass"},
+		"padded-reply":    {"order", customer, "pass"},
+		"verdict-skipped": {"verdict-skipped", customer, ""},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("thread, in_reply_to, auth_dmarc (-want +got):\n%s", diff)
+	}
+	var skipped []string
+	for line := range strings.Lines(logs.String()) {
+		var l struct {
+			Msg     string   `json:"msg"`
+			EmailID string   `json:"email_id"`
+			Fields  []string `json:"fields"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "mail fields skipped" && l.EmailID == "verdict-skipped" {
+			skipped = l.Fields
+		}
+	}
+	if diff := cmp.Diff([]string{"authentication"}, skipped); diff != "" {
+		t.Errorf("fields logged skipped for verdict-skipped (-want +got):\n%s", diff)
 	}
 }
 
