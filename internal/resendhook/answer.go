@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -22,13 +23,35 @@ const (
 	// below; a longer part is cut at a character boundary.
 	maxPartBytes = 2 << 20
 	// maxFieldsBytes caps everything else in the answer together (headers,
-	// addresses, subject, attachments list), as raw JSON. A field that would
-	// pass the cap is skipped, and the mail is queued without it.
+	// addresses, subject), as raw JSON, the fields a decision rests on
+	// aside. A field that would pass the cap is skipped, and the mail is
+	// queued without it.
 	maxFieldsBytes = 1 << 20
+	// maxDecisionBytes caps each field a decision rests on (decides) on
+	// its own, outside maxFieldsBytes: the sender can make headers, To and
+	// Cc as large as they like, and a field that comes after them in the
+	// answer must not be crowded out. A field over it is skipped too.
+	maxDecisionBytes = 64 << 10
 	// maxKeyBytes is the longest field name read; a longer one is skipped
 	// with its value.
 	maxKeyBytes = 256
 )
+
+// decides reports whether the answer's field name is one a decision rests
+// on: which email it is (id), who sent it (from) and whether that is
+// proven (authentication: the thread rule), its Message-ID, where answers
+// go (reply_to, also a thread's participant) and what it carries
+// (attachments). Each is read within maxDecisionBytes of its own.
+// In-Reply-To and References are headers, which share maxFieldsBytes:
+// headers skipped, the mail answers nothing and starts its own thread,
+// which is the safe side of the thread rule.
+func decides(name string) bool {
+	switch name {
+	case "id", "from", "authentication", "message_id", "reply_to", "attachments":
+		return true
+	}
+	return false
+}
 
 // answer is an email read from the API within the bounds above: the email,
 // the full sizes of its parts (to tell a cut) and the fields skipped.
@@ -43,11 +66,16 @@ type answer struct {
 func (a answer) textCut() bool { return a.textBytes > int64(len(a.email.Text)) }
 func (a answer) htmlCut() bool { return a.htmlBytes > int64(len(a.email.HTML)) }
 
+// skippedField reports whether a field called name was skipped (any time
+// it came, if it came more than once).
+func (a answer) skippedField(name string) bool { return slices.Contains(a.skipped, name) }
+
 // readAnswer reads a Retrieve Received Email answer
 // (https://resend.com/docs/api-reference/emails/retrieve-received-email)
 // from r. The top-level object is walked field by field: "text" and "html"
 // are decoded as they stream in and kept up to maxPartBytes; every other
-// field is kept as raw JSON while the fields together stay under
+// field is kept as raw JSON, each field a decision rests on while it
+// stays under maxDecisionBytes, the others while together they stay under
 // maxFieldsBytes, then decoded into receivedEmail as before. A malformed
 // answer is an error, as it was with encoding/json.
 func readAnswer(r io.Reader) (answer, error) {
@@ -57,6 +85,10 @@ func readAnswer(r io.Reader) (answer, error) {
 		return answer{}, err
 	}
 	fields := bytes.NewBufferString("{")
+	// used is what each budget holds of fields, as written there (comma
+	// and name included): the shared one under "", each decision field's
+	// own under its name, so a name that comes twice shares its budget.
+	used := map[string]int{}
 	for first := true; ; first = false {
 		c, err := nextByte(br)
 		if err != nil {
@@ -104,7 +136,11 @@ func readAnswer(r io.Reader) (answer, error) {
 				a.email.HTML, a.htmlBytes = s, total
 			}
 		default:
-			raw := &capped{limit: maxFieldsBytes - fields.Len()}
+			budget, limit := "", maxFieldsBytes
+			if decides(name) {
+				budget, limit = name, maxDecisionBytes
+			}
+			raw := &capped{limit: max(limit-used[budget], 0)}
 			if err := skipValue(br, raw); err != nil {
 				return answer{}, err
 			}
@@ -112,6 +148,7 @@ func readAnswer(r io.Reader) (answer, error) {
 				a.skipped = append(a.skipped, name)
 				continue
 			}
+			start := fields.Len()
 			if fields.Len() > 1 {
 				fields.WriteByte(',')
 			}
@@ -119,6 +156,7 @@ func readAnswer(r io.Reader) (answer, error) {
 			fields.Write(quoted)
 			fields.WriteByte(':')
 			fields.Write(raw.buf)
+			used[budget] += fields.Len() - start
 		}
 	}
 	fields.WriteByte('}')

@@ -46,6 +46,7 @@ func TestReadAnswer(t *testing.T) {
 		name             string
 		in               string
 		text, html, id   string
+		dmarc            string
 		textCut, htmlCut bool
 		skipped          []string
 		err              bool
@@ -58,6 +59,13 @@ func TestReadAnswer(t *testing.T) {
 			html: strings.Repeat("é", maxPartBytes/2), htmlCut: true},
 		{name: "field over the cap skipped", in: `{"headers":{"x":"` + strings.Repeat("h", maxFieldsBytes) + `"},"id":"e3","subject":"s"}`,
 			id: "e3", skipped: []string{"headers"}},
+		{name: "shared cap full, decision fields kept", in: `{"headers":{"x":"` + strings.Repeat("h", maxFieldsBytes-30) + `"},` +
+			`"subject":"over what is left","authentication":{"dmarc":"fail"},"reply_to":["a@b.c"],"id":"e8"}`,
+			id: "e8", dmarc: "fail", skipped: []string{"subject"}},
+		{name: "decision field over its own cap skipped", in: `{"id":"e9","reply_to":["` + strings.Repeat("r", maxDecisionBytes) + `"]}`,
+			id: "e9", skipped: []string{"reply_to"}},
+		{name: "decision field twice shares its cap", in: `{"id":"e10","reply_to":"` + strings.Repeat("r", maxDecisionBytes/2) +
+			`","reply_to":"` + strings.Repeat("r", maxDecisionBytes/2) + `"}`, id: "e10", skipped: []string{"reply_to"}},
 		{name: "nested values kept", in: `{"id":"e4","reply_to":["a@b.c"],"headers":{"references":["<a>","<b>"],"x":{"y":[1,2,{"z":"]}"}]}}}`, id: "e4"},
 		{name: "invalid UTF-8 field name (found by FuzzReadAnswer)", in: "{\"id\":\"e7\",\"\x80\":{}}", id: "e7"},
 		{name: "truncated", in: `{"id":"e5","text":"abc`, err: true},
@@ -75,12 +83,16 @@ func TestReadAnswer(t *testing.T) {
 				return
 			}
 			type result struct {
-				ID, Text, HTML   string
-				TextCut, HTMLCut bool
-				Skipped          []string
+				ID, Text, HTML, DMARC string
+				TextCut, HTMLCut      bool
+				Skipped               []string
 			}
-			want := result{tc.id, tc.text, tc.html, tc.textCut, tc.htmlCut, tc.skipped}
-			have := result{got.email.ID, got.email.Text, got.email.HTML, got.textCut(), got.htmlCut(), got.skipped}
+			var dmarc string
+			if got.email.Authentication != nil {
+				dmarc = got.email.Authentication.DMARC
+			}
+			want := result{tc.id, tc.text, tc.html, tc.dmarc, tc.textCut, tc.htmlCut, tc.skipped}
+			have := result{got.email.ID, got.email.Text, got.email.HTML, dmarc, got.textCut(), got.htmlCut(), got.skipped}
 			if diff := cmp.Diff(want, have); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}

@@ -53,7 +53,8 @@ func TestPartsCapped(t *testing.T) {
 
 // TestHeaderFieldsOneLine: control characters in the fields taken from
 // headers become spaces, RFC 2047 encoded ones included; bodies keep
-// theirs.
+// theirs. to_address is one of them: with a domain entry and no
+// received_for, the matched recipient comes from the sender's To.
 func TestHeaderFieldsOneLine(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, options{})
@@ -67,10 +68,14 @@ func TestHeaderFieldsOneLine(t *testing.T) {
 		hd["in-reply-to"] = "<a@x>\r\n\tX-Injected: 1"
 		hd["references"] = "<b\x01@x> <c@x>"
 	})
-	checkAnswer(t, "control characters", answerOf(t, h.deliver(t, "msg_1", receivedEvent(t, emailID, nil))), processed)
+	ev := receivedEvent(t, emailID, func(d map[string]any) {
+		d["to"] = []string{"x\r\nBcc: y\x00" + inboundDomain}
+	})
+	checkAnswer(t, "control characters", answerOf(t, h.deliver(t, "msg_1", ev)), processed)
 	r := rowOf(t, h, emailID)
-	got := []string{r.Subject, r.MessageID, r.FromName, r.ReplyTo, r.InReplyTo, strings.Join(r.References, "|"), r.TextBody}
+	got := []string{r.ToAddress, r.Subject, r.MessageID, r.FromName, r.ReplyTo, r.InReplyTo, strings.Join(r.References, "|"), r.TextBody}
 	want := []string{
+		"x  bcc: y @inbound.munchable.app",
 		"Refund  Bcc: everyone@example.com",
 		"<evil @mail.example.com>",
 		"Ada  Bcc: x@example.com",
@@ -80,6 +85,6 @@ func TestHeaderFieldsOneLine(t *testing.T) {
 		"line one\r\nline two",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("subject, message_id, from_name, reply_to, in_reply_to, references, text_body (-want +got):\n%s", diff)
+		t.Errorf("to_address, subject, message_id, from_name, reply_to, in_reply_to, references, text_body (-want +got):\n%s", diff)
 	}
 }

@@ -27,8 +27,10 @@ var errRefusedTarget = errors.New("download target refused")
 // nonPublic are the address ranges a download may not dial, beyond what
 // netip.Addr's own predicates name (loopback, private, link-local,
 // multicast, unspecified): shared address space, benchmarking, the IETF and
-// documentation ranges, reserved space, and IPv6's local-use NAT64 and
-// documentation prefixes.
+// documentation ranges, reserved space, and IPv6's local-use NAT64,
+// documentation and Teredo prefixes. Teredo (2001::/32, RFC 4380) is
+// refused whole: its client address is obfuscated and its relays reach
+// any address.
 var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"), // CGNAT, RFC 6598
@@ -39,13 +41,38 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("203.0.113.0/24"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("2001::/32"), // Teredo
 	netip.MustParsePrefix("2001:db8::/32"),
 	netip.MustParsePrefix("fec0::/10"),
 }
 
-// publicAddr reports whether a may be dialled for a download.
+// embedsIPv4 are the IPv6 forms that carry an IPv4 address (at byte at of
+// the 16), which a translator or relay on the way delivers to: such an
+// address is as public as the IPv4 address it carries.
+var embedsIPv4 = []struct {
+	prefix netip.Prefix
+	at     int
+}{
+	{netip.MustParsePrefix("64:ff9b::/96"), 12},    // NAT64 well-known prefix, RFC 6052
+	{netip.MustParsePrefix("::/96"), 12},           // IPv4-compatible, RFC 4291 (deprecated)
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), 12}, // IPv4-translated, RFC 2765 (not IPv4-mapped ::ffff:0:0/96)
+	{netip.MustParsePrefix("2002::/16"), 2},        // 6to4, RFC 3056: bits 16-47
+}
+
+// publicAddr reports whether a may be dialled for a download. An IPv6
+// address that carries an IPv4 one (IPv4-mapped, or a form of
+// embedsIPv4) is judged by the IPv4 address. A zone is dropped first:
+// netip.Prefix.Contains matches no zoned address, so "%eth0" would
+// otherwise take any address past the prefixes.
 func publicAddr(a netip.Addr) bool {
-	a = a.Unmap()
+	a = a.Unmap().WithZone("")
+	for _, e := range embedsIPv4 {
+		if e.prefix.Contains(a) {
+			b := a.As16()
+			a = netip.AddrFrom4([4]byte(b[e.at : e.at+4]))
+			break
+		}
+	}
 	if !a.IsValid() || !a.IsGlobalUnicast() || a.IsPrivate() || a.IsLoopback() ||
 		a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() {
 		return false

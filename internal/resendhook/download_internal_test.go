@@ -34,6 +34,27 @@ func TestPublicAddr(t *testing.T) {
 		"::ffff:93.184.215.14": true,
 		"255.255.255.255":      false,
 		"2001:db8::1":          false,
+		// IPv6 forms that carry an IPv4 address are judged by it.
+		"64:ff9b::7f00:1":      false, // NAT64 well-known prefix: 127.0.0.1
+		"64:ff9b::a9fe:a9fe":   false, // NAT64: 169.254.169.254
+		"64:ff9b::a00:5":       false, // NAT64: 10.0.0.5
+		"64:ff9b::808:808":     true,  // NAT64: 8.8.8.8
+		"64:ff9b::7f00:1%eth0": false, // a zone does not hide the prefix
+		"2001:db8::1%eth0":     false,
+		"64:ff9b:1::a00:5":     false, // local-use NAT64, refused whatever it carries
+		"::7f00:1":             false, // IPv4-compatible 127.0.0.1
+		"::a00:5":              false, // IPv4-compatible 10.0.0.5
+		"::808:808":            true,  // IPv4-compatible 8.8.8.8
+		"::ffff:0:7f00:1":      false, // IPv4-translated 127.0.0.1
+		"::ffff:0:808:808":     true,  // IPv4-translated 8.8.8.8
+		"2002:7f00:1::1":       false, // 6to4 of 127.0.0.1
+		"2002:a9fe:a9fe::1":    false, // 6to4 of 169.254.169.254
+		"2002:c0a8:101::1":     false, // 6to4 of 192.168.1.1
+		"2002:808:808::1":      true,  // 6to4 of 8.8.8.8
+		// Teredo: the client's address is obfuscated and the relay reaches
+		// anything, so the whole prefix is refused.
+		"2001:0:4136:e378:8000:63bf:80ff:fffe": false, // client 127.0.0.1
+		"2001:0:4136:e378:8000:63bf:f7f7:f7f7": false, // client 8.8.8.8
 	}
 	for s, want := range tests {
 		if got := publicAddr(netip.MustParseAddr(s)); got != want {

@@ -166,7 +166,8 @@ func (h headers) get(name string) string {
 // toMessage maps a fetched email onto a support message. to is the support
 // recipient the event matched; now is the last fallback for the receive
 // time.
-func toMessage(d receivedData, e *receivedEmail, to string, now time.Time) support.Message {
+func toMessage(d receivedData, a *answer, to string, now time.Time) support.Message {
+	e := &a.email
 	addr, name := sender(firstNonEmpty(e.From, d.From), e.Headers.get("from"))
 	text := e.Text
 	if strings.TrimSpace(text) == "" && e.HTML != "" {
@@ -187,15 +188,19 @@ func toMessage(d receivedData, e *receivedEmail, to string, now time.Time) suppo
 		InReplyTo:   e.Headers.get("in-reply-to"),
 		References:  support.MessageIDs(e.Headers.get("references")),
 	}
-	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
+	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
 		*f = oneLine(*f)
 	}
 	for i, r := range m.References {
 		m.References[i] = oneLine(r)
 	}
-	if a := e.Authentication; a != nil {
-		m.AuthSPF, m.AuthDKIM, m.AuthDMARC = a.SPF, a.DKIM, a.DMARC
-		switch a.DMARC {
+	// Verdicts skipped for the answer's bounds are not known, which is not
+	// the same as none: the queue threads the mail as it would a fail.
+	// (A copy kept of an authentication sent twice is not trusted either.)
+	m.AuthSkipped = a.skippedField("authentication")
+	if v := e.Authentication; v != nil && !m.AuthSkipped {
+		m.AuthSPF, m.AuthDKIM, m.AuthDMARC = v.SPF, v.DKIM, v.DMARC
+		switch v.DMARC {
 		case "pass":
 			m.SenderAuthenticated = ptr(true)
 		case "fail":

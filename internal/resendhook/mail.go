@@ -40,7 +40,7 @@ func (m mailMetrics) report(ctx context.Context, logger *slog.Logger, a answer) 
 		logger.WarnContext(ctx, "html body cut", "html_bytes", a.htmlBytes, "kept_bytes", len(a.email.HTML))
 	}
 	if len(a.skipped) > 0 {
-		logger.WarnContext(ctx, "mail fields skipped", "fields", a.skipped, "cap_bytes", maxFieldsBytes)
+		logger.WarnContext(ctx, "mail fields skipped", "fields", a.skipped, "cap_bytes", maxFieldsBytes, "decision_cap_bytes", maxDecisionBytes)
 	}
 }
 

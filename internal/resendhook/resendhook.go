@@ -200,7 +200,7 @@ func (h *handler) apply(ctx context.Context, logger *slog.Logger, entry *ledger.
 		return "", err
 	}
 	defer atts.Close()
-	id, inserted, err := h.queue.EnqueueFor(ctx, entry, toMessage(d, &a.email, to, time.Now()), atts.write)
+	id, inserted, err := h.queue.EnqueueFor(ctx, entry, toMessage(d, &a, to, time.Now()), atts.write)
 	if err != nil {
 		return "", err
 	}

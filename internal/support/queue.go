@@ -53,6 +53,12 @@ type Message struct {
 	// AuthSPF, AuthDKIM and AuthDMARC are the receiving server's verdicts,
 	// as the provider reports them ("" when it reports none).
 	AuthSPF, AuthDKIM, AuthDMARC string
+	// AuthSkipped is true when the provider sent its verdicts but they were
+	// not read (skipped to keep memory bounded; the Auth fields are then
+	// ""). Unlike no verdicts at all (mail from before the provider had
+	// them), a skipped verdict may be a DMARC fail, so the message joins
+	// no thread.
+	AuthSkipped bool
 	// SenderAuthenticated is true when DMARC passed, false when it failed,
 	// nil otherwise. Only true makes FromAddress trustworthy.
 	SenderAuthenticated *bool
@@ -266,10 +272,12 @@ func record(ctx context.Context, tx pgx.Tx, e *ledger.Entry, id int64, inserted 
 // of In-Reply-To, then References from the newest (last) back. A form
 // message answers none, and neither does a mail whose DMARC verdict is
 // fail (its From is likely forged, so it cannot prove it takes part in a
-// conversation) or that names no sender: each starts its own thread,
-// keeping In-Reply-To as sent.
+// conversation) or unknown because it was skipped (it may be a fail), or
+// that names no sender: each starts its own thread, keeping In-Reply-To
+// as sent.
 func threadCandidates(m Message) []string {
-	if m.Source != SourceEmail || m.FromAddress == "" || strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
+	if m.Source != SourceEmail || m.FromAddress == "" || m.AuthSkipped ||
+		strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
 		return nil
 	}
 	out := MessageIDs(m.InReplyTo)

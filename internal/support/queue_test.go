@@ -299,6 +299,52 @@ func TestEnqueueThreads(t *testing.T) {
 	}
 }
 
+// TestEnqueueSkippedVerdict: a mail from the thread's own sender whose
+// verdicts were skipped (AuthSkipped) starts its own thread, keeping
+// In-Reply-To as sent: the verdict it lost may be a DMARC fail. The same
+// mail with no verdicts at all, as mail from before the provider had
+// them, joins as before.
+func TestEnqueueSkippedVerdict(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	ctx := context.Background()
+	first, _, err := q.Enqueue(ctx, mailMessage("em_1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		skipped bool
+		joins   bool
+	}{
+		{"no verdicts", false, true},
+		{"verdicts skipped", true, false},
+	} {
+		m := mailMessage("em_" + tc.name)
+		m.MessageID, m.TextBody, m.InReplyTo = "<"+strings.ReplaceAll(tc.name, " ", "-")+"@mail.example.com>", tc.name, "<abc@mail.example.com>"
+		m.AuthSkipped = tc.skipped
+		id, inserted, err := q.Enqueue(ctx, m)
+		if err != nil || !inserted {
+			t.Fatalf("%s: Enqueue = %d, %v, %v; want a new row", tc.name, id, inserted, err)
+		}
+		want := id
+		if tc.joins {
+			want = first
+		}
+		if got := threadOf(t, pool, id); got != want {
+			t.Errorf("%s: thread %d, want %d (the first message's: %d)", tc.name, got, want, first)
+		}
+		var inReplyTo string
+		if err := pool.QueryRow(ctx, "SELECT in_reply_to FROM support_messages WHERE id = $1", id).Scan(&inReplyTo); err != nil {
+			t.Fatal(err)
+		}
+		if inReplyTo != m.InReplyTo {
+			t.Errorf("%s: in_reply_to %q, want %q as sent", tc.name, inReplyTo, m.InReplyTo)
+		}
+	}
+}
+
 func TestMessageIDs(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
