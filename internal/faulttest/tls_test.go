@@ -9,7 +9,6 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,23 +88,7 @@ func TestServiceWithPrivateCA(t *testing.T) {
 	t.Run("without SSL_CERT_FILE", func(t *testing.T) {
 		r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
 		svc := r.serviceOn(map[string]string{"DATABASE_URL": withRoot, "REDIS_URL": rs.URL()})
-		rep := getReadyz(t, svc)
-		if rep.Status != http.StatusOK || !rep.Ready || !strings.HasPrefix(rep.Redis, "unusable") {
-			t.Fatalf("/readyz = %+v, want 200, ready, redis unusable", rep)
-		}
-		if g := usableGauge(t, svc); g != 0 {
-			t.Fatalf("webhook_claim_store_usable = %v, want 0", g)
-		}
-		log, _ := os.ReadFile(svc.LogPath())
-		var lines int
-		for line := range strings.SplitSeq(string(log), "\n") {
-			if strings.Contains(line, "claim store unusable") && strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, unknownCA) {
-				lines++
-			}
-		}
-		if lines != 1 {
-			t.Fatalf("%d error lines naming %q, want 1:\n%s", lines, unknownCA, log)
-		}
+		wantClaimsUnusable(t, svc, unknownCA)
 		// Failing open: the delivery is applied without a claim.
 		ev := subEvent(2, "active")
 		ev.ID, ev.SubscriptionID = "evt_tls_2", "sub_tls_2"

@@ -108,6 +108,30 @@ func wantClaimsWork(t *testing.T, svc *faulttest.Service) {
 	}
 }
 
+// wantClaimsUnusable checks the service fails open with claims unusable:
+// readiness 200 saying so, the gauge 0, and one error line naming reason
+// (startup, readiness and the scrape all probed: at most one a minute).
+func wantClaimsUnusable(t *testing.T, svc *faulttest.Service, reason string) {
+	t.Helper()
+	rep := getReadyz(t, svc)
+	if rep.Status != http.StatusOK || !rep.Ready || !strings.HasPrefix(rep.Redis, "unusable") {
+		t.Fatalf("/readyz = %+v, want 200, ready, redis unusable", rep)
+	}
+	if g := usableGauge(t, svc); g != 0 {
+		t.Fatalf("webhook_claim_store_usable = %v, want 0", g)
+	}
+	log, _ := os.ReadFile(svc.LogPath())
+	var lines int
+	for line := range strings.SplitSeq(string(log), "\n") {
+		if strings.Contains(line, "claim store unusable") && strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, reason) {
+			lines++
+		}
+	}
+	if lines != 1 {
+		t.Fatalf("%d error lines naming %q, want 1 (at most one a minute):\n%s", lines, reason, log)
+	}
+}
+
 // deliverAll delivers each event once, concurrently, and checks each
 // answer is 2xx with the idempotency verdict want.
 func (r *topoRig) deliverAll(svcs []*faulttest.Service, events []faulttest.StripeEvent, want string) {
@@ -420,25 +444,7 @@ func TestServiceSeesUnusableRedis(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
-			svc := r.serviceOn(map[string]string{"REDIS_URL": c.url})
-			rep := getReadyz(t, svc)
-			if rep.Status != http.StatusOK || !rep.Ready || !strings.HasPrefix(rep.Redis, "unusable") {
-				t.Fatalf("/readyz = %+v, want 200, ready, redis unusable", rep)
-			}
-			if g := usableGauge(t, svc); g != 0 {
-				t.Fatalf("webhook_claim_store_usable = %v, want 0", g)
-			}
-			log, _ := os.ReadFile(svc.LogPath())
-			var lines int
-			for line := range strings.SplitSeq(string(log), "\n") {
-				if strings.Contains(line, "claim store unusable") && strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, c.reason) {
-					lines++
-				}
-			}
-			// Startup, readiness polls and a scrape all probed: one line.
-			if lines != 1 {
-				t.Fatalf("%d error lines naming %q, want 1 (at most one a minute):\n%s", lines, c.reason, log)
-			}
+			wantClaimsUnusable(t, r.serviceOn(map[string]string{"REDIS_URL": c.url}), c.reason)
 		})
 	}
 }
