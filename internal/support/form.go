@@ -20,7 +20,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -121,9 +120,8 @@ type Form struct {
 	trusted     []netip.Prefix
 	logger      *slog.Logger
 	submissions *prometheus.CounterVec
-	// spamKey and spamBase make a honeypot post's id (fakeID).
-	spamKey  [32]byte
-	spamBase atomic.Int64
+	// spamKey keys a honeypot post's id (fakeID).
+	spamKey [32]byte
 }
 
 // NewForm returns the support form, queueing into q.
@@ -380,34 +378,33 @@ func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool, key strin
 	f.respond(w, r, html, id)
 }
 
-// spamSpread is how many ids above the latest real one a honeypot post's
-// id is drawn from: wide enough that two keys rarely share one, narrow
-// enough to look like ids the queue is handing out.
+// spamSpread is the width of the window of ids a honeypot post's id is
+// drawn from: wide enough that two keys rarely share one, narrow enough to
+// look like ids the queue is handing out.
 const spamSpread = 1000
 
 // fakeID is the id a honeypot post is answered with. Real ids count up
-// from 1 (bigserial), so a fake one is drawn from just above the latest
-// real id, read the first time this process needs one: an id of a billion
-// would give the bot away on a queue of a few thousand messages. The same
-// Idempotency-Key gets the same id, as a real repeat does: an HMAC of the
-// key under a key this process drew at random picks it, so nothing is
-// stored and nothing is configured. The price of that: another replica, or
-// this one after a restart, answers the same key with another id, and a
-// key reused for another message gets its id rather than a real post's 422.
+// from 1 (bigserial), so a fake one is drawn from the window of spamSpread
+// ids holding the latest real one, read on every such post (as a real post
+// does its database work): an id of a billion would give the bot away on a
+// queue of a few thousand messages, and a window read once would fall
+// behind the queue. The same Idempotency-Key gets the same id while the
+// window stands (a real repeat always does): an HMAC of the key under a
+// key this process drew at random picks it, so nothing is stored and
+// nothing is configured. The price: another replica, this one after a
+// restart, or the queue moving to the next window answers the same key
+// with another id, and a key reused for another message gets its id rather
+// than a real post's 422.
 func (f *Form) fakeID(ctx context.Context, key string) (int64, error) {
-	base := f.spamBase.Load()
-	if base == 0 {
-		var latest int64
-		err := f.withDB(ctx, func(ctx context.Context) (err error) {
-			latest, err = f.queue.latestID(ctx)
-			return err
-		})
-		if err != nil {
-			return 0, err
-		}
-		f.spamBase.CompareAndSwap(0, latest+1)
-		base = f.spamBase.Load()
+	var latest int64
+	err := f.withDB(ctx, func(ctx context.Context) (err error) {
+		latest, err = f.queue.latestID(ctx)
+		return err
+	})
+	if err != nil {
+		return 0, err
 	}
+	base := latest - latest%spamSpread + 1
 	if key == "" {
 		return base + rand.Int64N(spamSpread), nil
 	}
