@@ -44,7 +44,7 @@ func TestServiceWithPrivateCA(t *testing.T) {
 	withRoot := verifyFull + "&sslrootcert=" + ca.caFile
 
 	t.Run("with the CA", func(t *testing.T) {
-		r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
+		r := r.in(t)
 		svc := r.serviceOn(map[string]string{
 			"DATABASE_URL":  withRoot,
 			"REDIS_URL":     rs.URL(),
@@ -76,7 +76,7 @@ func TestServiceWithPrivateCA(t *testing.T) {
 	// pgx verifies against the system roots when sslrootcert is absent,
 	// and Go's system roots are SSL_CERT_FILE's when it is set.
 	t.Run("SSL_CERT_FILE for both", func(t *testing.T) {
-		r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
+		r := r.in(t)
 		svc := r.serviceOn(map[string]string{
 			"DATABASE_URL":  verifyFull,
 			"REDIS_URL":     rs.URL(),
@@ -86,7 +86,7 @@ func TestServiceWithPrivateCA(t *testing.T) {
 	})
 
 	t.Run("without SSL_CERT_FILE", func(t *testing.T) {
-		r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
+		r := r.in(t)
 		svc := r.serviceOn(map[string]string{"DATABASE_URL": withRoot, "REDIS_URL": rs.URL()})
 		wantClaimsUnusable(t, svc, unknownCA)
 		// Failing open: the delivery is applied without a claim.

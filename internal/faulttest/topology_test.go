@@ -58,6 +58,13 @@ func newTopoRigOn(t *testing.T, pg *dbtest.PostgresServer) *topoRig {
 	return &topoRig{r}
 }
 
+// in is the rig for subtest t: the same servers, failures reported to t.
+func (r *topoRig) in(t *testing.T) *topoRig {
+	c := *r.rig
+	c.t = t
+	return &topoRig{&c}
+}
+
 // serviceOn starts the binary with env on top of the rig's (REDIS_URL and
 // DATABASE_URL as the test says).
 func (r *topoRig) serviceOn(env map[string]string) *faulttest.Service {
@@ -182,7 +189,7 @@ func TestServiceOnRedisCluster(t *testing.T) {
 		{"cluster URL", cluster.URL()},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
+			r := r.in(t)
 			svc := r.serviceOn(map[string]string{"REDIS_URL": c.url, "REDIS_KEY_PREFIX": "webhook-" + strings.ReplaceAll(c.name, " ", "-")})
 			wantClaimsWork(t, svc)
 			prefix := "webhook-" + strings.ReplaceAll(c.name, " ", "-")
@@ -443,7 +450,7 @@ func TestServiceSeesUnusableRedis(t *testing.T) {
 		{"wrong password", "redis://:wrong@" + locked.Addr(), "WRONGPASS"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &topoRig{&rig{t: t, pg: r.pg, db: r.db, api: r.api, client: r.client}}
+			r := r.in(t)
 			wantClaimsUnusable(t, r.serviceOn(map[string]string{"REDIS_URL": c.url}), c.reason)
 		})
 	}
