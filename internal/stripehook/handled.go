@@ -16,10 +16,13 @@ type applyFunc func(ctx context.Context) (entitlements.Result, error)
 // the claim and under the handler deadline: with an API key by listing
 // every item, without one by storing what arrived, counted.
 func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
-	s, _, err := objectOf[subscriptionJSON](h.Data)
+	s, previous, err := objectOf[subscriptionJSON](h.Data)
 	if err != nil {
 		return nil, err
 	}
+	// Only an event that names what it changed says where it came from
+	// (created, deleted and trial_will_end carry no previous_attributes).
+	hasPrevious := len(previous) > 0 && string(previous) != "null"
 	sub, err := s.stored()
 	if err != nil {
 		return nil, err
@@ -51,6 +54,7 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 			Type:     typ,
 			Created:  at,
 			Creation: creation,
+			Previous: hasPrevious,
 			Before: func() (entitlements.Subscription, error) {
 				object, previous, err := objectOf[json.RawMessage](raw)
 				if err != nil {
