@@ -31,6 +31,12 @@ type Event struct {
 	// the event's object with data.previous_attributes laid over it. Only a
 	// same-second tie calls it. Nil: unknown, so never a successor.
 	Before func() (Subscription, error)
+	// Previous says Before is what the event says it came from (it
+	// carried data.previous_attributes), not just its own object. Only
+	// such an event, admitted over a row other than the one it came from,
+	// reveals that a change is missing before it (a gap), and its first
+	// delivery calls Before to see.
+	Previous bool
 }
 
 // Fetch reads a subscription from Stripe, to settle an unordered event.
@@ -108,6 +114,17 @@ const ApplySQL = applySQL
 // (docs/PERFORMANCE.md). TestSubscriptionChangeIsTheRowsDiff holds the
 // change to the JSON diff of the row before and after.
 //
+// $31 says a customer.subscription.created wrote the row (creation).
+// $30 is the state the event says it came from (Event.Before as
+// stateJSON; NULL when it says nothing, or for a state read from Stripe).
+// An admitted event whose $30 is not the stored state reveals a gap, kept
+// as gap_from (the stored state; NULL for a new row, whose past is
+// unknown) and gap_to ($30), for the same-second rule (order.go). Anything
+// else admitted clears it: a newer second's gaps no longer matter, and a
+// successor is admitted only over a row without one. A replay keeps it.
+// The comparison is prior's, which the feed's diff reads too, so that
+// subscription_state still runs once per replacing write.
+//
 // judged is the fast path's verdict, as fast reads it, or NULL for a tie
 // (settle records it). $26 is the event behind the change (the event, or a
 // snapshot's id); $27 and $28 the ledger row's event id and type, NULL
@@ -117,15 +134,19 @@ WITH old AS (
     SELECT s.last_event_id, s.last_event_created, s.status
     FROM entitlements s
     WHERE s.stripe_subscription_id = $1
+), prior(st) AS (
+    -- The stored state, read once for both the gap and the feed's diff,
+    -- and only by a write that replaces a row.
+    SELECT subscription_state($1) FROM old
 ), up AS (
     INSERT INTO entitlements AS e (
         stripe_subscription_id, stripe_customer_id, status, price_id,
         current_period_end, cancel_at_period_end, last_event_id,
         last_event_created, updated_at, cancel_at, canceled_at, ended_at,
         trial_start, trial_end, pause_collection, access_ends_at, livemode,
-        metadata)
+        metadata, gap_from, gap_to, creation)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $10, $11, $12, $13, $14,
-        $15, $16, $17, $18)
+        $15, $16, $17, $18, NULL, $30::jsonb, $31)
     ON CONFLICT (stripe_subscription_id) DO UPDATE SET
         stripe_customer_id   = EXCLUDED.stripe_customer_id,
         status               = EXCLUDED.status,
@@ -143,7 +164,13 @@ WITH old AS (
         pause_collection     = EXCLUDED.pause_collection,
         access_ends_at       = EXCLUDED.access_ends_at,
         livemode             = EXCLUDED.livemode,
-        metadata             = EXCLUDED.metadata
+        metadata             = EXCLUDED.metadata,
+        creation             = EXCLUDED.creation,
+        gap_from             = CASE WHEN e.last_event_id = EXCLUDED.last_event_id THEN e.gap_from
+                                    ELSE (SELECT p.st FROM prior p WHERE p.st IS DISTINCT FROM EXCLUDED.gap_to
+                                          AND EXCLUDED.gap_to IS NOT NULL) END,
+        gap_to               = CASE WHEN e.last_event_id = EXCLUDED.last_event_id THEN e.gap_to
+                                    ELSE (SELECT EXCLUDED.gap_to FROM prior p WHERE p.st IS DISTINCT FROM EXCLUDED.gap_to) END
     WHERE (e.last_event_id = EXCLUDED.last_event_id
            AND EXCLUDED.last_event_id NOT LIKE 'snapshot:%')
        OR (e.status NOT IN ('canceled', 'incomplete_expired')
@@ -181,7 +208,7 @@ WITH old AS (
     -- replay, an event that moved only bookkeeping).
     SELECT '` + ledger.KindSubscription + `', $1::text, $2::text, $26::text, (d.c).before, (d.c).after
     FROM (SELECT CASE WHEN EXISTS (SELECT FROM old)
-                 THEN ledger_diff(subscription_state($1), $29::jsonb)
+                 THEN ledger_diff((SELECT st FROM prior), $29::jsonb)
                  ELSE ROW(NULL, $29::jsonb)::ledger_change END AS c
           FROM up OFFSET 0) d
     WHERE (d.c).after IS NOT NULL
@@ -226,7 +253,9 @@ type written struct {
 // rule found this event to succeed ("" on the fast path). cause is the
 // event behind the write, for the feed; entry, when not nil, has the
 // statement write the event's ledger row with the fast path's verdict.
-func write(ctx context.Context, q querier, sub Subscription, eventID string, created time.Time, successorOf string, cause string, entry *ledger.Entry) (written, error) {
+// came, when not nil, is the state the event says it came from ($30);
+// creation, that a customer.subscription.created is written.
+func write(ctx context.Context, q querier, sub Subscription, eventID string, created time.Time, successorOf string, cause string, entry *ledger.Entry, came *Subscription, creation bool) (written, error) {
 	metadata, err := metadataJSON(sub.Metadata)
 	if err != nil {
 		return written{}, err
@@ -234,6 +263,14 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 	state, err := stateJSON(sub, metadata)
 	if err != nil {
 		return written{}, err
+	}
+	var cameFrom *string
+	if came != nil {
+		st, err := stateOf(*came)
+		if err != nil {
+			return written{}, err
+		}
+		cameFrom = &st
 	}
 	n := len(sub.Items)
 	ids, prices := make([]string, n), make([]string, n)
@@ -257,7 +294,7 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 		nullTime(sub.EndedAt), nullTime(sub.TrialStart), nullTime(sub.TrialEnd),
 		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
 		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
-		cause, entryID(entry), entryType(entry), state)
+		cause, entryID(entry), entryType(entry), state, cameFrom, creation)
 	br := q.SendBatch(ctx, b)
 	var w written
 	_, err = br.Exec()
@@ -286,14 +323,29 @@ func terminal(status string) bool {
 // statement. A same-second event, or one that raced another delivery, is
 // judged again under the row's lock (settle).
 func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Event, fetch Fetch) (Result, error) {
-	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "", ev.ID, ev.entry())
+	came := ev.cameFrom()
+	w, err := write(ctx, s.pool, sub, ev.ID, ev.Created, "", ev.ID, ev.entry(), came, ev.Creation)
 	if err != nil {
 		return Result{}, err
 	}
 	if res, ok := s.fast(w, ev.ID, ev.Created); ok {
 		return res, nil
 	}
-	return settle(ctx, s, subscriptionTie(sub, ev, fetch))
+	return settle(ctx, s, subscriptionTie(sub, ev, fetch, came))
+}
+
+// cameFrom is the state ev says it came from, nil when it says nothing or
+// its previous_attributes cannot be read (which proves nothing, as for a
+// tie).
+func (ev Event) cameFrom() *Subscription {
+	if !ev.Previous || ev.Before == nil {
+		return nil
+	}
+	b, err := ev.Before()
+	if err != nil {
+		return nil
+	}
+	return &b
 }
 
 // readSQL reads a stored subscription and locks its row: a same-second
@@ -301,7 +353,7 @@ func (s *Store) ApplySubscription(ctx context.Context, sub Subscription, ev Even
 // for the subscription can write it. Stripe is read between two such
 // transactions, and what it said is written only over the row it was
 // judged against (settle).
-const readSQL = selectSubscriptionSQL + `
+const readSQL = selectSubscriptionSQL + `, gap_from, gap_to, creation
 FROM entitlements e WHERE stripe_subscription_id = $1
 FOR UPDATE`
 
@@ -316,14 +368,45 @@ SELECT stripe_customer_id, status, coalesce(price_id, ''), current_period_end,
 
 // read reads a stored subscription under its row lock.
 func read(ctx context.Context, tx pgx.Tx, id string) (row[Subscription], bool, error) {
-	st, err := scanSubscription(tx.QueryRow(ctx, readSQL, id), id)
+	var from, to []byte
+	var creation bool
+	st, err := scanSubscription(tx.QueryRow(ctx, readSQL, id), id, &from, &to, &creation)
+	st.creation = creation
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row[Subscription]{}, false, nil
+	}
+	if err == nil {
+		st.gapFrom, err = parseState(from)
+	}
+	if err == nil {
+		st.gapTo, err = parseState(to)
 	}
 	if err != nil {
 		return row[Subscription]{}, false, fmt.Errorf("read subscription %s: %w", id, err)
 	}
 	return st, true, nil
+}
+
+// setGapSQL stores a subscription's gap without touching its state.
+const setGapSQL = `UPDATE entitlements SET gap_from = $2::jsonb, gap_to = $3::jsonb WHERE stripe_subscription_id = $1`
+
+// setGap stores a subscription's gap (nil, nil: none).
+func setGap(ctx context.Context, tx pgx.Tx, id string, from, to *Subscription) error {
+	var args [2]*string
+	for i, s := range []*Subscription{from, to} {
+		if s == nil {
+			continue
+		}
+		st, err := stateOf(*s)
+		if err != nil {
+			return err
+		}
+		args[i] = &st
+	}
+	if _, err := tx.Exec(ctx, setGapSQL, id, args[0], args[1]); err != nil {
+		return fmt.Errorf("store the gap of subscription %s: %w", id, err)
+	}
+	return nil
 }
 
 // scanSubscription scans the columns of selectSubscriptionSQL, then any
@@ -364,7 +447,7 @@ func scanSubscription(r pgx.Row, id string, more ...any) (row[Subscription], err
 }
 
 // subscriptionTie is a subscription event for settle.
-func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] {
+func subscriptionTie(sub Subscription, ev Event, fetch Fetch, came *Subscription) tie[Subscription] {
 	t := tie[Subscription]{
 		eventID:  ev.ID,
 		entry:    ev.entry(),
@@ -378,12 +461,18 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] 
 			return read(ctx, tx, sub.ID)
 		},
 		after: func(stored Subscription) []Field { return diff(stored, sub) },
+		state: sub,
+		equal: func(a, b Subscription) bool { return len(diff(a, b)) == 0 },
+		setGap: func(ctx context.Context, tx pgx.Tx, from, to *Subscription) error {
+			return setGap(ctx, tx, sub.ID, from, to)
+		},
 		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
-			_, err := write(ctx, tx, sub, ev.ID, ev.Created, storedID, ev.ID, nil)
+			_, err := write(ctx, tx, sub, ev.ID, ev.Created, storedID, ev.ID, nil, came, ev.Creation)
 			return err
 		},
 	}
 	if ev.Before != nil {
+		t.prior = ev.Before
 		t.before = func(stored Subscription) ([]Field, error) {
 			b, err := ev.Before()
 			if err != nil {
@@ -401,7 +490,7 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch) tie[Subscription] 
 			return fetched, nil
 		}
 		t.writeFetched = func(ctx context.Context, tx pgx.Tx, fetched Subscription, storedID string) error {
-			_, err := write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
+			_, err := write(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil, nil, false)
 			return err
 		}
 	}
@@ -422,7 +511,7 @@ func snapshotID(takenAt time.Time) string {
 // webhook from the same second meets the same-second rule against it.
 func (s *Store) SnapshotSubscription(ctx context.Context, sub Subscription, takenAt time.Time) (Result, error) {
 	at := takenAt.UTC().Truncate(time.Second)
-	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "", snapshotID(at), nil)
+	w, err := write(ctx, s.pool, sub, snapshotID(at), at, "", snapshotID(at), nil, nil, false)
 	if err != nil {
 		return Result{}, err
 	}
@@ -514,6 +603,51 @@ func stateJSON(sub Subscription, metadata string) (string, error) {
 	// A string, not []byte: in the simple protocol (a transaction pooler's
 	// mode) pgx would send bytes as bytea.
 	return string(b), nil
+}
+
+// stateOf is sub's state as JSON (stateJSON with its metadata).
+func stateOf(sub Subscription) (string, error) {
+	metadata, err := metadataJSON(sub.Metadata)
+	if err != nil {
+		return "", err
+	}
+	return stateJSON(sub, metadata)
+}
+
+// parseState reads a state stateJSON or subscription_state wrote; nil for
+// NULL.
+func parseState(b []byte) (*Subscription, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("stored state: %w", err)
+	}
+	sub := Subscription{ID: st.ID, CustomerID: st.CustomerID, Status: st.Status,
+		PriceID: deref(st.PriceID), CancelAtPeriodEnd: st.CancelAtPeriodEnd,
+		PauseCollection: deref(st.PauseCollection), Livemode: st.Livemode,
+		Metadata: map[string]string{}, Items: make([]Item, len(st.Items))}
+	var errs []error
+	at := func(s *string) time.Time {
+		t, err := parseJSONTime(s)
+		errs = append(errs, err)
+		return t
+	}
+	sub.CurrentPeriodEnd, sub.CancelAt, sub.CanceledAt = at(st.CurrentPeriodEnd), at(st.CancelAt), at(st.CanceledAt)
+	sub.EndedAt, sub.TrialStart, sub.TrialEnd = at(st.EndedAt), at(st.TrialStart), at(st.TrialEnd)
+	if len(st.Metadata) > 0 && string(st.Metadata) != "null" {
+		errs = append(errs, json.Unmarshal(st.Metadata, &sub.Metadata))
+	}
+	for i, it := range st.Items {
+		sub.Items[i] = Item{ID: it.ID, PriceID: it.PriceID, ProductID: deref(it.ProductID),
+			PriceLookupKey: deref(it.PriceLookupKey), Quantity: it.Quantity,
+			CurrentPeriodStart: at(it.CurrentPeriodStart), CurrentPeriodEnd: at(it.CurrentPeriodEnd)}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("stored state: %w", err)
+	}
+	return &sub, nil
 }
 
 // jsonTime prints t as Postgres prints a timestamptz in JSON in UTC, to the

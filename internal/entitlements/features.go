@@ -34,27 +34,36 @@ type ListFeatures func(ctx context.Context, customerID string) ([]string, error)
 //
 // The ledger and the feed ride along as in applySQL: $7 is the event behind
 // the change, $8 and $9 the ledger row's event id and type (NULL: none).
+// $10 is the keys the event says the customer had before it (NULL: it
+// says nothing); with applySQL's gap rule, an admitted event whose $10 is
+// not the stored list leaves gap_from (the stored keys; NULL for a new
+// row) and gap_to ($10), which the feed does not follow.
 const featuresSQL = `
 WITH old(j) AS (
-    SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created}'::text[]
+    SELECT to_jsonb(s) - '{updated_at,last_event_id,last_event_created,gap_from,gap_to}'::text[]
     FROM customer_features s WHERE s.stripe_customer_id = $1
 ), up AS (
     INSERT INTO customer_features AS f (stripe_customer_id, lookup_keys,
-        complete, last_event_id, last_event_created, updated_at)
-    VALUES ($1, $2, $3, $4, $5, now())
+        complete, last_event_id, last_event_created, updated_at, gap_from, gap_to)
+    VALUES ($1, $2, $3, $4, $5, now(), NULL, $10::text[])
     ON CONFLICT (stripe_customer_id) DO UPDATE SET
         lookup_keys        = EXCLUDED.lookup_keys,
         complete           = EXCLUDED.complete,
         last_event_id      = EXCLUDED.last_event_id,
         last_event_created = EXCLUDED.last_event_created,
-        updated_at         = EXCLUDED.updated_at
+        updated_at         = EXCLUDED.updated_at,
+        gap_from           = CASE WHEN f.last_event_id = EXCLUDED.last_event_id THEN f.gap_from
+                                  WHEN f.lookup_keys IS DISTINCT FROM EXCLUDED.gap_to
+                                       AND EXCLUDED.gap_to IS NOT NULL THEN f.lookup_keys END,
+        gap_to             = CASE WHEN f.last_event_id = EXCLUDED.last_event_id THEN f.gap_to
+                                  WHEN f.lookup_keys IS DISTINCT FROM EXCLUDED.gap_to THEN EXCLUDED.gap_to END
     WHERE f.last_event_id = EXCLUDED.last_event_id
        OR f.last_event_created < EXCLUDED.last_event_created
        OR f.last_event_id = $6::text
     RETURNING f.*
 ), new(kind, subject, customer, event_id, j) AS (
     SELECT '` + ledger.KindCustomerFeatures + `', u.stripe_customer_id, u.stripe_customer_id, $7::text,
-        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
+        to_jsonb(u) - '{updated_at,last_event_id,last_event_created,gap_from,gap_to}'::text[]
     FROM up u
 ), judged(provider, event_id, event_type, subject, outcome) AS (
     SELECT 'stripe', $8::text, $9::text, $1::text, CASE
@@ -84,12 +93,17 @@ type Features struct {
 
 // writeFeatures runs featuresSQL after the customer's lock, in one batch
 // (one round trip; one implicit transaction on the pool). cause and entry
-// are write's.
-func writeFeatures(ctx context.Context, q querier, f Features, eventID string, at time.Time, successorOf string, cause string, entry *ledger.Entry) (written, error) {
+// are write's; came is the keys the event says the customer had before
+// it, nil when it says nothing.
+func writeFeatures(ctx context.Context, q querier, f Features, eventID string, at time.Time, successorOf string, cause string, entry *ledger.Entry, came []string) (written, error) {
+	var cameFrom []string // nil: NULL
+	if came != nil {
+		cameFrom = sortedKeys(came)
+	}
 	b := &pgx.Batch{}
 	b.Queue(lockFeaturesSQL, f.CustomerID)
 	b.Queue(featuresSQL, f.CustomerID, sortedKeys(f.LookupKeys), f.Complete, eventID, at,
-		nullString(successorOf), cause, entryID(entry), entryType(entry))
+		nullString(successorOf), cause, entryID(entry), entryType(entry), cameFrom)
 	br := q.SendBatch(ctx, b)
 	var w written
 	_, err := br.Exec()
@@ -119,7 +133,7 @@ func sortedKeys(keys []string) []string {
 // entitlements; nil keeps the stored row and counts it.
 func (s *Store) ApplyFeatures(ctx context.Context, f Features, ev FeatureEvent, list ListFeatures) (Result, error) {
 	entry := &ledger.Entry{Provider: provider, EventID: ev.ID, Type: ev.Type}
-	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "", ev.ID, entry)
+	w, err := writeFeatures(ctx, s.pool, f, ev.ID, ev.Created, "", ev.ID, entry, ev.cameFrom())
 	if err != nil {
 		return Result{}, err
 	}
@@ -130,7 +144,7 @@ func (s *Store) ApplyFeatures(ctx context.Context, f Features, ev FeatureEvent, 
 }
 
 const readFeaturesSQL = `
-SELECT lookup_keys, complete, last_event_id, last_event_created
+SELECT lookup_keys, complete, last_event_id, last_event_created, gap_from, gap_to
 FROM customer_features WHERE stripe_customer_id = $1
 FOR UPDATE`
 
@@ -152,8 +166,10 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 				return row[Features]{}, false, fmt.Errorf("lock features of %s: %w", f.CustomerID, err)
 			}
 			st := row[Features]{state: Features{CustomerID: f.CustomerID}}
+			var from, to *[]string
 			err := tx.QueryRow(ctx, readFeaturesSQL, f.CustomerID).
-				Scan(&st.state.LookupKeys, &st.state.Complete, &st.eventID, &st.storedAt)
+				Scan(&st.state.LookupKeys, &st.state.Complete, &st.eventID, &st.storedAt, &from, &to)
+			st.gapFrom, st.gapTo = keysState(f.CustomerID, from), keysState(f.CustomerID, to)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return row[Features]{}, false, nil
 			}
@@ -163,12 +179,30 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 			return st, true, nil
 		},
 		after: func(stored Features) []Field { return featureDiff(stored, f) },
+		state: f,
+		// A gap is in the keys: completeness is not a change Stripe made.
+		equal: func(a, b Features) bool { return slices.Equal(sortedKeys(a.LookupKeys), sortedKeys(b.LookupKeys)) },
+		setGap: func(ctx context.Context, tx pgx.Tx, from, to *Features) error {
+			var args [2][]string // nil: NULL
+			for i, s := range []*Features{from, to} {
+				if s != nil {
+					args[i] = sortedKeys(s.LookupKeys)
+				}
+			}
+			if _, err := tx.Exec(ctx, setFeaturesGapSQL, f.CustomerID, args[0], args[1]); err != nil {
+				return fmt.Errorf("store the gap of features of %s: %w", f.CustomerID, err)
+			}
+			return nil
+		},
 		write: func(ctx context.Context, tx pgx.Tx, storedID string) error {
-			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID, ev.ID, nil)
+			_, err := writeFeatures(ctx, tx, f, ev.ID, ev.Created, storedID, ev.ID, nil, ev.cameFrom())
 			return err
 		},
 	}
 	if ev.HasPrevious {
+		t.prior = func() (Features, error) {
+			return Features{CustomerID: f.CustomerID, LookupKeys: ev.Previous, Complete: true}, nil
+		}
 		t.before = func(stored Features) ([]Field, error) {
 			return featureDiff(stored, Features{CustomerID: f.CustomerID, LookupKeys: ev.Previous, Complete: stored.Complete}), nil
 		}
@@ -182,11 +216,32 @@ func featuresTie(f Features, ev FeatureEvent, list ListFeatures) tie[Features] {
 			return Features{CustomerID: f.CustomerID, LookupKeys: keys, Complete: true}, nil
 		}
 		t.writeFetched = func(ctx context.Context, tx pgx.Tx, fetched Features, storedID string) error {
-			_, err := writeFeatures(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil)
+			_, err := writeFeatures(ctx, tx, fetched, revalidatedID(ev.ID), ev.Created, storedID, ev.ID, nil, nil)
 			return err
 		}
 	}
 	return t
+}
+
+// setFeaturesGapSQL stores a customer's features gap without touching
+// the keys.
+const setFeaturesGapSQL = `UPDATE customer_features SET gap_from = $2::text[], gap_to = $3::text[] WHERE stripe_customer_id = $1`
+
+// keysState is a stored gap end as a feature row, nil for NULL.
+func keysState(customer string, keys *[]string) *Features {
+	if keys == nil {
+		return nil
+	}
+	return &Features{CustomerID: customer, LookupKeys: *keys, Complete: true}
+}
+
+// cameFrom is the keys ev says the customer had before it, nil when it
+// says nothing (never nil when it does: none is an empty list).
+func (ev FeatureEvent) cameFrom() []string {
+	if !ev.HasPrevious {
+		return nil
+	}
+	return append([]string{}, ev.Previous...)
 }
 
 // featureDiff names the stored fields on which two feature rows differ.
@@ -208,7 +263,7 @@ func featureDiff(a, b Features) []Field {
 // snapshot as its event.
 func (s *Store) SnapshotFeatures(ctx context.Context, f Features, at time.Time) (Result, error) {
 	at = at.UTC().Truncate(time.Second)
-	w, err := writeFeatures(ctx, s.pool, f, snapshotID(at), at, "", snapshotID(at), nil)
+	w, err := writeFeatures(ctx, s.pool, f, snapshotID(at), at, "", snapshotID(at), nil, nil)
 	if err != nil {
 		return Result{}, err
 	}

@@ -24,7 +24,7 @@ const (
 	testLockSQL  = `SELECT pg_advisory_xact_lock(hashtext('customer_features'), hashtext($1))`
 	testWriteSQL = `
 WITH old(j) AS (
-    SELECT to_jsonb(f) - '{updated_at,last_event_id,last_event_created}'::text[]
+    SELECT to_jsonb(f) - '{updated_at,last_event_id,last_event_created,gap_from,gap_to}'::text[]
     FROM customer_features f WHERE stripe_customer_id = $1
 ), up AS (
     INSERT INTO customer_features AS f (stripe_customer_id, lookup_keys, complete,
@@ -36,7 +36,7 @@ WITH old(j) AS (
     RETURNING f.*
 ), new(kind, subject, customer, event_id, j) AS (
     SELECT 'customer_features', u.stripe_customer_id, u.stripe_customer_id, $3::text,
-        to_jsonb(u) - '{updated_at,last_event_id,last_event_created}'::text[]
+        to_jsonb(u) - '{updated_at,last_event_id,last_event_created,gap_from,gap_to}'::text[]
     FROM up u
 ), judged(provider, event_id, event_type, subject, outcome) AS (
     SELECT 'stripe', $3::text, 'test', $1::text,

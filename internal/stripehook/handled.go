@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -16,10 +17,13 @@ type applyFunc func(ctx context.Context) (entitlements.Result, error)
 // the claim and under the handler deadline: with an API key by listing
 // every item, without one by storing what arrived, counted.
 func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
-	s, _, err := objectOf[subscriptionJSON](h.Data)
+	s, previous, err := objectOf[subscriptionJSON](h.Data)
 	if err != nil {
 		return nil, err
 	}
+	// Only an event that names what it changed says where it came from
+	// (created, deleted and trial_will_end carry no previous_attributes).
+	hasPrevious := len(previous) > 0 && string(previous) != "null"
 	sub, err := s.stored()
 	if err != nil {
 		return nil, err
@@ -31,7 +35,9 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 		c := s
 		cut = &c
 	}
-	raw, id, typ, creation := h.Data, h.ID, h.Type, h.Type == "customer.subscription.created"
+	// The decoded object and previous_attributes are kept instead of the
+	// event's data: the state before the event is laid over them.
+	object, id, typ, creation := s, h.ID, h.Type, h.Type == "customer.subscription.created"
 	return func(ctx context.Context) (entitlements.Result, error) {
 		sub, complete := sub, cut == nil
 		var full []itemJSON // the item list as listed in full; nil when not listed
@@ -51,11 +57,8 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 			Type:     typ,
 			Created:  at,
 			Creation: creation,
+			Previous: hasPrevious,
 			Before: func() (entitlements.Subscription, error) {
-				object, previous, err := objectOf[json.RawMessage](raw)
-				if err != nil {
-					return entitlements.Subscription{}, err
-				}
 				return before(object, previous, full)
 			},
 		}
@@ -71,11 +74,14 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 }
 
 // before is the subscription as it stood just before the event: its object
-// with data.previous_attributes laid over it. Stripe names there each
-// attribute the event changed, with its prior value; an array is given
-// whole, a hash (metadata) only by the keys that changed, a key that was
-// added being given as null or ""
+// (s, as decoded) with data.previous_attributes laid over it. Stripe names
+// there each attribute the event changed, with its prior value; an array
+// is given whole, a hash (metadata) only by the keys that changed, a key
+// that was added being given as null or ""
 // (https://docs.stripe.com/api/events/object#event_object-data-previous_attributes).
+// Only previous_attributes is decoded here, over a copy of s, so that a
+// first delivery, which now asks for it (to see a gap), does not decode
+// its object twice.
 //
 // full is the object's item list as listed in full when Stripe cut it
 // short (nil otherwise). When previous_attributes does not name items, the
@@ -84,17 +90,13 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 // event of such a subscription unordered. When it names them, their prior
 // value is taken as given; if that list was cut too it cannot equal a
 // complete stored set, and the event is settled as unordered.
-func before(object, previous json.RawMessage, full []itemJSON) (entitlements.Subscription, error) {
-	merged, itemsNamed := object, false
+func before(s subscriptionJSON, previous json.RawMessage, full []itemJSON) (entitlements.Subscription, error) {
+	itemsNamed := false
 	if len(previous) > 0 && string(previous) != "null" {
 		var err error
-		if merged, itemsNamed, err = laidOver(object, previous); err != nil {
+		if itemsNamed, err = layOver(&s, previous); err != nil {
 			return entitlements.Subscription{}, err
 		}
-	}
-	var s subscriptionJSON
-	if err := json.Unmarshal(merged, &s); err != nil {
-		return entitlements.Subscription{}, fmt.Errorf("subscription: %w", err)
 	}
 	if !itemsNamed && full != nil {
 		s.Items.Data, s.Items.HasMore = full, false
@@ -102,41 +104,66 @@ func before(object, previous json.RawMessage, full []itemJSON) (entitlements.Sub
 	return s.stored()
 }
 
-// laidOver is object with the attributes previous names set to their
-// prior values, and whether items is one of them.
-func laidOver(object, previous json.RawMessage) (merged json.RawMessage, itemsNamed bool, err error) {
-	var obj, prev map[string]json.RawMessage
-	if err := json.Unmarshal(object, &obj); err != nil {
-		return nil, false, err
+// layOver sets the attributes previous names in s to their prior values,
+// and says whether items is one of them. Every value is decoded afresh, so
+// nothing s shares with the object it was copied from is written.
+func layOver(s *subscriptionJSON, previous json.RawMessage) (itemsNamed bool, err error) {
+	var named map[string]json.RawMessage
+	if err := json.Unmarshal(previous, &named); err != nil {
+		return false, fmt.Errorf("previous_attributes: %w", err)
 	}
-	if err := json.Unmarshal(previous, &prev); err != nil {
-		return nil, false, fmt.Errorf("previous_attributes: %w", err)
+	var p subscriptionJSON
+	if err := json.Unmarshal(previous, &p); err != nil {
+		return false, fmt.Errorf("previous_attributes: %w", err)
 	}
-	for k, v := range prev {
-		if k != "metadata" {
-			obj[k] = v
-			continue
-		}
-		var now, was map[string]*string
-		_ = json.Unmarshal(obj[k], &now)
-		if err := json.Unmarshal(v, &was); err != nil {
-			return nil, false, fmt.Errorf("previous_attributes.metadata: %w", err)
-		}
-		if now == nil {
-			now = map[string]*string{}
-		}
-		for key, old := range was {
-			if old == nil || *old == "" {
-				delete(now, key)
-			} else {
-				now[key] = old
+	for k, v := range named {
+		switch k {
+		case "customer":
+			s.Customer = p.Customer
+		case "customer_account":
+			s.CustomerAccount = p.CustomerAccount
+		case "status":
+			s.Status = p.Status
+		case "current_period_end":
+			s.CurrentPeriodEnd = p.CurrentPeriodEnd
+		case "cancel_at_period_end":
+			s.CancelAtPeriodEnd = p.CancelAtPeriodEnd
+		case "cancel_at":
+			s.CancelAt = p.CancelAt
+		case "canceled_at":
+			s.CanceledAt = p.CanceledAt
+		case "ended_at":
+			s.EndedAt = p.EndedAt
+		case "trial_start":
+			s.TrialStart = p.TrialStart
+		case "trial_end":
+			s.TrialEnd = p.TrialEnd
+		case "pause_collection":
+			s.PauseCollection = p.PauseCollection
+		case "livemode":
+			s.Livemode = p.Livemode
+		case "items":
+			s.Items, itemsNamed = p.Items, true
+		case "metadata":
+			var was map[string]*string
+			if err := json.Unmarshal(v, &was); err != nil {
+				return false, fmt.Errorf("previous_attributes.metadata: %w", err)
 			}
+			now := maps.Clone(s.Metadata)
+			if now == nil {
+				now = map[string]string{}
+			}
+			for key, old := range was {
+				if old == nil || *old == "" {
+					delete(now, key)
+				} else {
+					now[key] = *old
+				}
+			}
+			s.Metadata = now
 		}
-		obj[k], _ = json.Marshal(now)
 	}
-	_, itemsNamed = prev["items"]
-	merged, err = json.Marshal(obj)
-	return merged, itemsNamed, err
+	return itemsNamed, nil
 }
 
 // summaryJSON is an Active Entitlement Summary
