@@ -16,7 +16,10 @@ CREATE TABLE feed_consumers (
     enabled    boolean     NOT NULL DEFAULT true
 );
 
--- One row per consumer and change it takes. change is the feed's row as
+-- One row per consumer and change it takes. order_key is what its order
+-- goes by: the change's subject, or what the consumer says (forward: the
+-- support message's thread, so that a thread reaches the team in order).
+-- change is the feed's row as
 -- the relay read it, so that a delivery outlives the change's retention
 -- (a retry by hand of a month-old dead delivery still has what to send).
 -- created_at is when the relay took the change: relay_oldest_pending_seconds
@@ -25,6 +28,7 @@ CREATE TABLE relay_deliveries (
     consumer        text        NOT NULL,
     change_id       bigint      NOT NULL,
     subject         text        NOT NULL,
+    order_key       text        NOT NULL,
     state           text        NOT NULL
         CHECK (state IN ('pending', 'delivered', 'failed', 'dead', 'skipped')),
     attempts        int         NOT NULL,
@@ -37,10 +41,10 @@ CREATE TABLE relay_deliveries (
     PRIMARY KEY (consumer, change_id)
 );
 
--- What is still to deliver: the relay's due query, its per-subject order
--- check (an older open delivery of the same subject) and the oldest
--- pending gauge all read only these rows.
-CREATE INDEX relay_deliveries_open ON relay_deliveries (consumer, subject, change_id)
+-- What is still to deliver: the relay's due query, its order check (an
+-- older open delivery of the same order_key) and the oldest pending gauge
+-- all read only these rows.
+CREATE INDEX relay_deliveries_open ON relay_deliveries (consumer, order_key, change_id)
     WHERE state IN ('pending', 'failed');
 CREATE INDEX relay_deliveries_state ON relay_deliveries (consumer, state, change_id);
 

@@ -39,6 +39,9 @@ type ForwardConfig struct {
 	APIKey string
 	// Timeout caps one send (0: 60 s: up to 40 MB go up).
 	Timeout time.Duration
+	// MaxBytes is Resend's limit on one email (0: MaxEmailBytes); tests
+	// lower it.
+	MaxBytes int
 }
 
 // MaxEmailBytes is Resend's limit on one email, attachments included,
@@ -59,6 +62,7 @@ type Forward struct {
 	domain   string
 	to       []string
 	timeout  time.Duration
+	maxBytes int
 	limit    *limiter
 }
 
@@ -77,7 +81,7 @@ func NewForward(pool *pgxpool.Pool, cfg ForwardConfig) *Forward {
 		c.BaseURL = &u
 	}
 	f := &Forward{pool: pool, client: c, http: hc, from: cfg.From, to: cfg.To,
-		timeout: cfg.Timeout, limit: newLimiter(cfg.Rate)}
+		timeout: cfg.Timeout, maxBytes: cfg.MaxBytes, limit: newLimiter(cfg.Rate)}
 	if a, err := mail.ParseAddress(cfg.From); err == nil {
 		f.fromAddr = a.Address
 	} else {
@@ -89,7 +93,24 @@ func NewForward(pool *pgxpool.Pool, cfg ForwardConfig) *Forward {
 	if f.timeout <= 0 {
 		f.timeout = 60 * time.Second
 	}
+	if f.maxBytes <= 0 {
+		f.maxBytes = MaxEmailBytes
+	}
 	return f
+}
+
+// threadOf is the forward's order key: the support message's thread, as
+// the change's after holds it (the queued row), so that a thread's
+// messages reach the team in order and a failing one holds back only its
+// own thread.
+func threadOf(ch ledger.Change) string {
+	var row struct {
+		ThreadID *int64 `json:"thread_id"`
+	}
+	if json.Unmarshal(ch.After, &row) != nil || row.ThreadID == nil {
+		return ""
+	}
+	return "thread/" + strconv.FormatInt(*row.ThreadID, 10)
 }
 
 // message is what the forward reads of a support message.
@@ -206,7 +227,7 @@ func (f *Forward) Deliver(ctx context.Context, ch ledger.Change) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("%w: subject %q is not a support message id", ErrPermanent, ch.Subject)
 	}
-	m, err := f.load(ctx, id, MaxEmailBytes)
+	m, err := f.load(ctx, id, f.maxBytes)
 	if errors.Is(err, errGone) {
 		return "", fmt.Errorf("%w: %w", ErrSkip, err)
 	}

@@ -110,14 +110,14 @@ var (
 // holdSQL takes a failed or dead delivery for a retry by hand: its next
 // attempt moves past this attempt's deadline, so that the relay's loop
 // does not run it alongside. It returns nothing for a delivery in another
-// state, or one with an older open delivery of its subject.
+// state, or one with an older open delivery of its order key.
 const (
 	holdSQL = `
 UPDATE relay_deliveries d SET next_attempt_at = now() + make_interval(secs => $3::float8)
 WHERE d.consumer = $1 AND d.change_id = $2 AND d.state IN ('failed', 'dead')
   AND NOT EXISTS (
     SELECT 1 FROM relay_deliveries o
-    WHERE o.consumer = d.consumer AND o.subject = d.subject AND o.change_id < d.change_id
+    WHERE o.consumer = d.consumer AND o.order_key = d.order_key AND o.change_id < d.change_id
       AND o.state IN ('pending', 'failed'))
 RETURNING d.attempts, d.change`
 	getSQL = `SELECT ` + deliveryColumns + ` FROM relay_deliveries WHERE consumer = $1 AND change_id = $2`

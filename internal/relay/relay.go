@@ -51,6 +51,19 @@ type Consumer struct {
 	// Parallel is how many of its deliveries (each of another subject)
 	// run at once; 0 is 1.
 	Parallel int
+	// OrderBy is what a change's order goes by: a change waits for the
+	// older changes with the same key. nil: its subject.
+	OrderBy func(ledger.Change) string
+}
+
+// orderKey is ch's key for c.
+func (c Consumer) orderKey(ch ledger.Change) string {
+	if c.OrderBy != nil {
+		if k := c.OrderBy(ch); k != "" {
+			return k
+		}
+	}
+	return ch.Subject
 }
 
 // DefaultSchedule is RELAY_RETRY_SCHEDULE's default, the Standard
@@ -127,6 +140,7 @@ func New(cfg Config) *Relay {
 			Name:        ForwardConsumer,
 			Kinds:       []string{ledger.KindSupportMessage},
 			Destination: NewForward(cfg.Pool, cfg.Forward),
+			OrderBy:     threadOf,
 		})
 	}
 	r.consumers = append(r.consumers, cfg.Consumers...)
@@ -285,9 +299,9 @@ func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[s
 // stays as it is.
 const (
 	insertSQL = `
-INSERT INTO relay_deliveries (consumer, change_id, subject, state, attempts, next_attempt_at, change)
-SELECT $1, t.id, t.subject, 'pending', 0, now(), t.change
-FROM unnest($2::bigint[], $3::text[], $4::jsonb[]) AS t(id, subject, change)
+INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, next_attempt_at, change)
+SELECT $1, t.id, t.subject, t.key, 'pending', 0, now(), t.change
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::jsonb[]) AS t(id, subject, key, change)
 ON CONFLICT (consumer, change_id) DO NOTHING`
 	moveSQL = `UPDATE feed_consumers SET cursor = $2, floor = $3::text::xid8, updated_at = now() WHERE name = $1`
 )
@@ -304,7 +318,7 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 		return 0, cur, nil
 	}
 	var ids []int64
-	var subjects []string
+	var subjects, keys []string
 	var bodies [][]byte
 	for _, ch := range page {
 		if !slices.Contains(c.Kinds, ch.Kind) {
@@ -315,10 +329,11 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 			return 0, cur, err
 		}
 		ids, subjects, bodies = append(ids, ch.ID), append(subjects, ch.Subject), append(bodies, body)
+		keys = append(keys, c.orderKey(ch))
 	}
 	err = r.inTx(ctx, fence, func(tx pgx.Tx) error {
 		if len(ids) > 0 {
-			if _, err := tx.Exec(ctx, insertSQL, c.Name, ids, subjects, bodies); err != nil {
+			if _, err := tx.Exec(ctx, insertSQL, c.Name, ids, subjects, keys, bodies); err != nil {
 				return fmt.Errorf("record deliveries: %w", err)
 			}
 		}
@@ -332,14 +347,14 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 }
 
 // dueSQL finds the deliveries to run now: open, due, and with no older
-// open delivery of the same subject (which would have to go first). The
+// open delivery of the same order key (which would have to go first). The
 // partial index on open deliveries serves both sides.
 const dueSQL = `
 SELECT d.change_id, d.attempts, d.change FROM relay_deliveries d
 WHERE d.consumer = $1 AND d.state IN ('pending', 'failed') AND d.next_attempt_at <= now()
   AND NOT EXISTS (
     SELECT 1 FROM relay_deliveries o
-    WHERE o.consumer = d.consumer AND o.subject = d.subject AND o.change_id < d.change_id
+    WHERE o.consumer = d.consumer AND o.order_key = d.order_key AND o.change_id < d.change_id
       AND o.state IN ('pending', 'failed'))
 ORDER BY d.change_id
 LIMIT $2`
