@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -410,5 +411,61 @@ func TestRetryByHand(t *testing.T) {
 	}
 	if _, err := r.relay.Retry(context.Background(), "nobody", id); !errors.Is(err, relay.ErrNotConfigured) {
 		t.Errorf("retry for an unknown consumer: %v, want ErrNotConfigured", err)
+	}
+}
+
+// TestGap: a consumer switched off holds retention back no more; switched
+// on again after its changes were deleted, the relay counts the gap and
+// goes on from what is kept.
+func TestGap(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	first := newRig(t, pool, fast)
+	first.start(t, nil)
+	waitFor(t, "the consumer's row", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM feed_consumers`).Scan(&n)
+		return n == 1
+	})
+	first.cancel()
+	<-first.done
+	first.done <- nil // for the cleanup's receive
+
+	// Switched off (a relay without it runs), the consumer's changes come
+	// and go: old enough for retention, deleted.
+	off := relay.New(relay.Config{Pool: pool, Poll: 10 * time.Millisecond})
+	offCtx, stopOff := context.WithCancel(ctx)
+	offDone := make(chan error, 1)
+	go func() { offDone <- off.Run(offCtx, nil) }()
+	waitFor(t, "the consumer switched off", func() bool {
+		var enabled bool
+		_ = pool.QueryRow(ctx, `SELECT enabled FROM feed_consumers`).Scan(&enabled)
+		return !enabled
+	})
+	stopOff()
+	if err := <-offDone; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO changes (at, kind, subject, after)
+VALUES (now() - interval '40 days', 'support_message', 'lost', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "retention to delete the change", func() bool {
+		_, n, err := ledger.New(pool, 0).Trim(ctx, 720*time.Hour)
+		return err == nil && n == 1
+	})
+
+	again := newRig(t, pool, fast)
+	again.start(t, nil)
+	kept := addChange(t, pool, ledger.KindSupportMessage, "kept")
+	waitState(t, pool, kept, relay.Delivered)
+	if got := testutil.ToFloat64(metric(t, again.reg, "relay_gaps_total", "test")); got != 1 {
+		t.Errorf("relay_gaps_total = %v, want 1", got)
+	}
+	for _, a := range again.dest.log() {
+		if strings.HasPrefix(a, "lost/") {
+			t.Errorf("a deleted change was delivered: %s", a)
+		}
 	}
 }
