@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -224,13 +225,16 @@ func (r *Relay) inTx(ctx context.Context, fence Fence, fn func(pgx.Tx) error) er
 const (
 	disableSQL = `UPDATE feed_consumers SET enabled = (name = ANY($1::text[]))
 WHERE enabled <> (name = ANY($1::text[]))`
-	// A new consumer starts at the end of the feed: at the horizon,
-	// below which every change is readable now. Changes of transactions
-	// still running are after it, and are delivered.
+	// A new consumer starts at the end of the feed: past every
+	// transaction that has completed (the snapshot's xmax), committed
+	// changes and all, whatever the horizon (another database's open
+	// transaction holds the horizon back, not the end of the feed). A
+	// transaction still running then, with an id below xmax, is taken
+	// for already there too; every later one is delivered.
+	endSQL         = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`
 	addConsumerSQL = `
 INSERT INTO feed_consumers (name, cursor, updated_at, floor, enabled)
-SELECT n, 'c1.' || h::text || '.0.0', now(), h, true
-FROM unnest($1::text[]) n, (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS h) s
+SELECT n, $2, now(), $3::text::xid8, true FROM unnest($1::text[]) n
 ON CONFLICT (name) DO NOTHING`
 	cursorsSQL = `SELECT name, cursor FROM feed_consumers WHERE name = ANY($1::text[])`
 )
@@ -242,7 +246,16 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 		if _, err := tx.Exec(ctx, disableSQL, names); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, addConsumerSQL, names); err != nil {
+		var end string
+		if err := tx.QueryRow(ctx, endSQL).Scan(&end); err != nil {
+			return err
+		}
+		lo, err := strconv.ParseUint(end, 10, 64)
+		if err != nil {
+			return fmt.Errorf("end of the feed %q: %w", end, err)
+		}
+		start := ledger.Cursor{Lo: lo}
+		if _, err := tx.Exec(ctx, addConsumerSQL, names, start.String(), fmt.Sprint(start.Floor())); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, cursorsSQL, names)
