@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -412,5 +414,74 @@ func TestForwardThreadOrder(t *testing.T) {
 	want := []string{fmt.Sprintf("support-message/%d", id1), fmt.Sprintf("support-message/%d", id1), fmt.Sprintf("support-message/%d", id2)}
 	if diff := cmp.Diff(want, keys); diff != "" {
 		t.Errorf("sends in order (-want +got):\n%s", diff)
+	}
+}
+
+// TestForwardFigures measures, on this machine, the forwards a second
+// under SUPPORT_FORWARD_RATE and the lag from a message's queueing to
+// Resend's answer. Figures only (no assertion); set RELAY_FIGURES=1.
+func TestForwardFigures(t *testing.T) {
+	if os.Getenv("RELAY_FIGURES") == "" {
+		t.Skip("figures: set RELAY_FIGURES=1")
+	}
+	for _, c := range []struct {
+		rate     float64
+		messages int
+	}{{2, 20}, {1000, 500}} {
+		t.Run(fmt.Sprint("rate ", c.rate), func(t *testing.T) {
+			pool := dbtest.NewPool(t)
+			resend := newResendStandIn(t)
+			var mu sync.Mutex
+			var at []time.Time
+			resend.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				at = append(at, time.Now())
+				mu.Unlock()
+				resend.serve(w, r)
+			})
+			u, _ := url.Parse(resend.srv.URL)
+			r := relay.New(relay.Config{Pool: pool, Poll: 100 * time.Millisecond,
+				Forward: relay.ForwardConfig{To: []string{team}, From: from, Rate: c.rate, APIURL: u, APIKey: "re_test"}})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx, nil) }()
+			t.Cleanup(func() { cancel(); <-done })
+			waitFor(t, "the consumer", func() bool {
+				var n int
+				_ = pool.QueryRow(ctx, `SELECT count(*) FROM feed_consumers`).Scan(&n)
+				return n == 1
+			})
+			start := time.Now()
+			for i := range c.messages {
+				enqueue(t, pool, mail(fmt.Sprint("fig-", i), fmt.Sprintf("c%d@example.com", i), "Figure"))
+			}
+			queued := time.Since(start)
+			deadline := time.Now().Add(5 * time.Minute)
+			for resend.sentCount() < c.messages && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			mu.Lock()
+			first, last := at[0], at[len(at)-1]
+			mu.Unlock()
+			var lags []float64
+			rows, err := pool.Query(ctx, `SELECT extract(epoch FROM d.delivered_at - m.created_at)
+FROM relay_deliveries d JOIN support_messages m ON m.id = d.subject::bigint WHERE d.state = 'delivered'`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var l float64
+				_ = rows.Scan(&l)
+				lags = append(lags, l)
+			}
+			rows.Close()
+			slices.Sort(lags)
+			q := func(p float64) time.Duration {
+				return time.Duration(lags[int(p*float64(len(lags)-1))] * float64(time.Second)).Round(time.Millisecond)
+			}
+			t.Logf("FIGURE rate %v: %d messages queued in %v; %d sends, first to last %v = %.2f forwards/s; lag queued->delivered p50 %v p99 %v max %v",
+				c.rate, c.messages, queued.Round(time.Millisecond), resend.sentCount(), last.Sub(first).Round(time.Millisecond),
+				float64(len(at)-1)/last.Sub(first).Seconds(), q(.5), q(.99), q(1))
+		})
 	}
 }

@@ -154,7 +154,8 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 	if d.change, err = unmarshalChange(body); err != nil {
 		return Delivery{}, err
 	}
-	r.attempt(ctx, c, []*delivery{d})
+	done := make(chan *delivery, 1)
+	r.attempt(ctx, c, []*delivery{d}, done)
 	if err := ctx.Err(); err != nil {
 		return Delivery{}, err
 	}

@@ -381,9 +381,11 @@ type delivery struct {
 }
 
 // deliverDue runs the consumer's due deliveries, Parallel at a time (each
-// is of another subject), without holding a connection while they wait on
-// the far side, then records every outcome in one statement. It returns
-// how many it ran.
+// is of another order key), without holding a connection while they wait
+// on the far side, and records their outcomes as they come, one statement
+// for all those done within a flush interval: a slow or rate-limited
+// destination's first outcomes are on record (and visible) long before
+// the batch's last. It returns how many it started.
 func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, error) {
 	rows, err := r.pool.Query(ctx, dueSQL, c.Name, r.batch)
 	if err != nil {
@@ -405,27 +407,72 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 	if len(due) == 0 {
 		return 0, nil
 	}
-	r.attempt(ctx, c, due)
-	if ctx.Err() != nil {
-		return len(due), ctx.Err() // cut short: nothing is recorded, all run again
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan *delivery)
+	go func() {
+		r.attempt(actx, c, due, done)
+		close(done)
+	}()
+	var outcomes []*delivery
+	flush := func() error {
+		if len(outcomes) == 0 || ctx.Err() != nil {
+			return nil // cut short: what is not recorded runs again
+		}
+		err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, outcomes) })
+		outcomes = outcomes[:0]
+		if err != nil {
+			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
+		}
+		return nil
 	}
-	if err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, due) }); err != nil {
-		return len(due), fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case d, ok := <-done:
+			if !ok {
+				if err := flush(); err != nil {
+					return len(due), err
+				}
+				return len(due), ctx.Err()
+			}
+			if actx.Err() == nil {
+				outcomes = append(outcomes, d)
+			}
+		case <-tick.C:
+			if err := flush(); err != nil {
+				stop() // the attempts not begun are not begun; those running end
+				for range done {
+				}
+				return len(due), err
+			}
+		}
 	}
-	return len(due), nil
 }
 
-// attempt runs each delivery's attempt, Parallel at a time.
-func (r *Relay) attempt(ctx context.Context, c Consumer, due []*delivery) {
+// flushEvery is how often deliverDue records the outcomes it has.
+const flushEvery = time.Second
+
+// attempt runs each delivery's attempt, Parallel at a time, and sends
+// each on done as it ends. Once ctx ends it starts no more.
+func (r *Relay) attempt(ctx context.Context, c Consumer, due []*delivery, done chan<- *delivery) {
 	sem := make(chan struct{}, max(c.Parallel, 1))
 	var wg sync.WaitGroup
 	for _, d := range due {
-		sem <- struct{}{}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			actx, cancel := context.WithTimeout(ctx, r.timeout)
 			defer cancel()
 			d.result, d.err = c.Destination.Deliver(actx, d.change)
+			done <- d
 		})
 	}
 	wg.Wait()
