@@ -469,3 +469,33 @@ VALUES (now() - interval '40 days', 'support_message', 'lost', '{}')`); err != n
 		}
 	}
 }
+
+// TestOldestPendingGauge: a delivery that keeps failing shows in
+// relay_oldest_pending_seconds; none open is 0.
+func TestOldestPendingGauge(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	r := newRig(t, pool, []time.Duration{time.Hour})
+	r.dest.set("down", func(int) error { return errors.New("503") })
+	r.start(t, nil)
+	waitFor(t, "the consumer's row", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
+		return n == 1
+	})
+	id := addChange(t, pool, ledger.KindSupportMessage, "down")
+	waitState(t, pool, id, relay.Failed)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.relay.Observe(ctx, 10*time.Millisecond); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the gauge to show the failing delivery", func() bool {
+		return testutil.ToFloat64(metric(t, r.reg, "relay_oldest_pending_seconds", "test")) > 0
+	})
+	if _, err := pool.Exec(context.Background(), `UPDATE relay_deliveries SET state = 'dead'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the gauge back at 0", func() bool {
+		return testutil.ToFloat64(metric(t, r.reg, "relay_oldest_pending_seconds", "test")) == 0
+	})
+}
