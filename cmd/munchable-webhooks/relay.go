@@ -78,6 +78,7 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 			APIURL: c.resendAPIURL, APIKey: string(c.ResendAPIKey),
 		},
 		Schedule:   c.RelayRetrySchedule,
+		Retention:  c.EventsRetention,
 		Logger:     logger,
 		Registerer: reg,
 	}

@@ -92,8 +92,12 @@ type Config struct {
 	// AttemptTimeout caps one delivery attempt (0: two minutes); a
 	// destination has its own, shorter, deadline.
 	AttemptTimeout time.Duration
-	Logger         *slog.Logger
-	Registerer     prometheus.Registerer
+	// Retention is EVENTS_RETENTION: delivered and skipped deliveries
+	// older than it are deleted (0: kept). Failed, dead and pending ones
+	// are kept whatever their age.
+	Retention  time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Relay follows the feed for its consumers.
@@ -104,6 +108,7 @@ type Relay struct {
 	poll      time.Duration
 	batch     int
 	timeout   time.Duration
+	retention time.Duration
 	logger    *slog.Logger
 	metrics   *metrics
 	now       func() time.Time
@@ -113,13 +118,14 @@ type Relay struct {
 // metrics (exported from 0 for every consumer it has).
 func New(cfg Config) *Relay {
 	r := &Relay{
-		pool:     cfg.Pool,
-		schedule: cfg.Schedule,
-		poll:     cfg.Poll,
-		batch:    cfg.Batch,
-		timeout:  cfg.AttemptTimeout,
-		logger:   cfg.Logger,
-		now:      time.Now,
+		pool:      cfg.Pool,
+		schedule:  cfg.Schedule,
+		poll:      cfg.Poll,
+		batch:     cfg.Batch,
+		timeout:   cfg.AttemptTimeout,
+		retention: cfg.Retention,
+		logger:    cfg.Logger,
+		now:       time.Now,
 	}
 	if r.schedule == nil {
 		r.schedule = DefaultSchedule
@@ -177,7 +183,14 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		return r.stopped(ctx, err)
 	}
 	checked := map[string]uint64{} // the floor last checked for a gap, per consumer
+	var trimmed time.Time
 	for {
+		if r.retention > 0 && time.Since(trimmed) >= trimEvery {
+			if err := r.trim(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("relay: trimming finished deliveries failed", "err", err)
+			}
+			trimmed = time.Now()
+		}
 		busy := false
 		for _, c := range r.consumers {
 			more, err := r.pass(ctx, fence, c, cursors, checked)
@@ -196,6 +209,34 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(r.poll):
+		}
+	}
+}
+
+// trimEvery is how often the relay deletes finished deliveries past the
+// retention.
+const trimEvery = time.Hour
+
+// trimDeliveriesSQL deletes a batch of finished deliveries past the
+// retention: they say only that a change went (the change itself follows
+// EVENTS_RETENTION too).
+const trimDeliveriesSQL = `
+DELETE FROM relay_deliveries WHERE (consumer, change_id) IN (
+    SELECT consumer, change_id FROM relay_deliveries
+    WHERE state IN ('delivered', 'skipped') AND created_at < $1
+    LIMIT 1000)`
+
+// trim deletes finished deliveries older than the retention, a batch at a
+// time.
+func (r *Relay) trim(ctx context.Context) error {
+	cutoff := r.now().Add(-r.retention)
+	for {
+		tag, err := r.pool.Exec(ctx, trimDeliveriesSQL, cutoff)
+		if err != nil {
+			return fmt.Errorf("relay: trim deliveries: %w", err)
+		}
+		if tag.RowsAffected() < 1000 {
+			return nil
 		}
 	}
 }

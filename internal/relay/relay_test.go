@@ -499,3 +499,39 @@ func TestOldestPendingGauge(t *testing.T) {
 		return testutil.ToFloat64(metric(t, r.reg, "relay_oldest_pending_seconds", "test")) == 0
 	})
 }
+
+// TestTrimFinished: delivered and skipped deliveries past the retention
+// go; a dead one stays, whatever its age.
+func TestTrimFinished(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, change, created_at)
+VALUES ('test', 1, 'a', 'a', 'delivered', 1, '{}', now() - interval '40 days'),
+       ('test', 2, 'b', 'b', 'skipped', 1, '{}', now() - interval '40 days'),
+       ('test', 3, 'c', 'c', 'dead', 8, '{}', now() - interval '40 days'),
+       ('test', 4, 'd', 'd', 'delivered', 1, '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Config{Pool: pool, Retention: 720 * time.Hour, Poll: 10 * time.Millisecond})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the trim", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM relay_deliveries`).Scan(&n)
+		return n == 2
+	})
+	var left []int64
+	rows, _ := pool.Query(ctx, `SELECT change_id FROM relay_deliveries ORDER BY change_id`)
+	for rows.Next() {
+		var id int64
+		_ = rows.Scan(&id)
+		left = append(left, id)
+	}
+	rows.Close()
+	if !slices.Equal(left, []int64{3, 4}) {
+		t.Errorf("left %v, want the dead one and the new one", left)
+	}
+}
