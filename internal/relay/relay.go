@@ -303,6 +303,7 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 		if err != nil {
 			return err
 		}
+		defer rows.Close()
 		for rows.Next() {
 			var name, s string
 			if err := rows.Scan(&name, &s); err != nil {
@@ -368,8 +369,8 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 	if err != nil {
 		return 0, cur, err
 	}
-	if next == cur {
-		return 0, cur, nil
+	if next.String() == cur.String() {
+		return 0, cur, nil // nothing new, not even the horizon
 	}
 	var ids []int64
 	var subjects, keys []string
