@@ -99,6 +99,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
 	// The relay runs on one replica at a time; its gauges on every one.
 	rel := relay.New(cfg.relayConfig(pool, logger, registry))
+	if len(cfg.SupportForwardTo) == 0 {
+		logger.Info("forwarding support messages to the team is off (SUPPORT_FORWARD_TO is empty)")
+	}
 	defer background(ctx, func(ctx context.Context) { rel.Observe(ctx, relayObserveInterval) })()
 	defer background(ctx, func(ctx context.Context) {
 		runRelay(ctx, rel, leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url), logger)
