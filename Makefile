@@ -92,7 +92,9 @@ fuzz:
 # throwaway postgres and redis-server kept under DEV_DIR (./.dev/), or against
 # the servers named by DATABASE_URL and REDIS_URL, and against a dev-only
 # stand-in for the Resend API (tools/devresend) serving testdata/devresend,
-# unless RESEND_API_URL is set. It prints the URLs and writes DATABASE_URL
+# unless RESEND_API_URL is set. Support messages are forwarded to
+# team@munchable.app (SUPPORT_FORWARD_TO= turns it off): the stand-in prints
+# each forward it would have sent. It prints the URLs and writes DATABASE_URL
 # and REDIS_URL to DEV_DIR/env (`set -a; . .dev/env; set +a` in another
 # shell, for send, claims, stripe and psql). serve migrates first. Ctrl-C
 # drains the service, then stops the stand-in and the servers. (withservers
@@ -118,6 +120,8 @@ dev: deps-dev build
 	RESEND_API_KEY="$${RESEND_API_KEY:-re_dev_only}" \
 	RESEND_DOWNLOAD_ALLOW_PRIVATE="$${RESEND_DOWNLOAD_ALLOW_PRIVATE:-true}" \
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
+	SUPPORT_FORWARD_TO="$${SUPPORT_FORWARD_TO-team@munchable.app}" \
+	SUPPORT_FORWARD_FROM="$${SUPPORT_FORWARD_FROM:-Munchable Support <support-forward@munchable.app>}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
 	SWEEP_INTERVAL="$${SWEEP_INTERVAL:-0}" \
 	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL -- \

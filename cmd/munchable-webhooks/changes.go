@@ -28,6 +28,9 @@ SIGTERM), the cursor to resume from is the last line on stderr:
   cursor c1.742.0.0
 
 Without --after it starts at the oldest change kept (EVENTS_RETENTION).
+A cursor older than that (retention deleted changes it had not read) is
+refused, exit 4: reading on would skip them silently; start again without
+--after, and reconcile what was missed from the tables themselves.
 --follow keeps reading as changes commit: LISTEN munchable_changes rings it,
 and it polls every second for what no notification announces.`
 
@@ -81,6 +84,9 @@ func changes(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		return err
 	}
 	defer pool.Close()
+	if err := ledger.CheckCursor(ctx, pool, cursor); err != nil {
+		return err
+	}
 	enc := json.NewEncoder(stdout)
 	cursor, err = ledger.New(pool, 0).Tail(ctx, cursor, *follow, changesPoll, func(c ledger.Change) error {
 		return enc.Encode(c)

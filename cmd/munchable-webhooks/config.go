@@ -29,6 +29,7 @@ type config struct {
 	// connection, when DATABASE_URL goes through a transaction pooler.
 	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
 	ClaimConfig
+	RelayConfig
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
 	StripeAPIKey        secret `env:"STRIPE_API_KEY"`
@@ -310,6 +311,7 @@ func (c *config) validate() []error {
 	c.parseEndpoints(add)
 	c.parseSupport(add)
 	c.ClaimConfig.check(add)
+	c.RelayConfig.check(add)
 	c.checkDurations(add)
 	c.checkLimits(add)
 	return p

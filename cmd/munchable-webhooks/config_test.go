@@ -53,6 +53,9 @@ func TestConfigDefaults(t *testing.T) {
 		{"REDIS_KEY_PREFIX", cfg.RedisKeyPrefix, "webhook"},
 		{"MAX_CONNECTIONS", cfg.MaxConnections, 1024},
 		{"SUPPORT_INBOUND_ADDRESSES", strings.Join(cfg.SupportInboundAddresses, ";"), "support@munchable.app;@inbound.munchable.app"},
+		{"RELAY_RETRY_SCHEDULE", fmt.Sprint(cfg.RelayRetrySchedule), "[5s 5m0s 30m0s 2h0m0s 5h0m0s 10h0m0s 10h0m0s]"},
+		{"SUPPORT_FORWARD_TO", len(cfg.SupportForwardTo), 0},
+		{"SUPPORT_FORWARD_RATE", cfg.SupportForwardRate, 2.0},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -103,6 +106,11 @@ func TestConfigProblems(t *testing.T) {
 			[]string{"BODY_READ_TIMEOUT must be positive", "SHUTDOWN_DELAY must not be negative", "CLAIM_PROCESSING_TTL must be a whole number of milliseconds"}},
 		{"schedules", map[string]string{"VERIFY_INTERVAL": "5m", "SWEEP_INTERVAL": "1s"}, nil,
 			[]string{"VERIFY_INTERVAL is 5m0s: want 0 (off) or at least 1h", "SWEEP_INTERVAL is 1s: want 0 (off) or a duration from 10s to 24h0m0s"}},
+		{"forward without a sender", map[string]string{"SUPPORT_FORWARD_TO": "team@munchable.app"}, nil,
+			[]string{"SUPPORT_FORWARD_FROM is required with SUPPORT_FORWARD_TO"}},
+		{"forward to itself", map[string]string{"SUPPORT_FORWARD_TO": "team@munchable.app,Bad <x@y>", "SUPPORT_FORWARD_FROM": "Team <TEAM@munchable.app>", "SUPPORT_FORWARD_RATE": "0"}, nil,
+			[]string{`SUPPORT_FORWARD_TO has "Bad <x@y>"`, "SUPPORT_FORWARD_FROM must not be one of SUPPORT_FORWARD_TO", "SUPPORT_FORWARD_RATE is 0"}},
+		{"relay schedule", map[string]string{"RELAY_RETRY_SCHEDULE": "5s,-1m"}, nil, []string{"RELAY_RETRY_SCHEDULE has -1m0s"}},
 		{"urls", map[string]string{"RESEND_API_URL": "api.resend.com", "STRIPE_API_URL": "ftp://x", "SUPPORT_FORM_REDIRECT_URL": "thanks", "SUPPORT_FORM_ORIGINS": "munchable.app"}, nil,
 			[]string{"RESEND_API_URL is invalid", "STRIPE_API_URL is invalid", "SUPPORT_FORM_REDIRECT_URL is invalid", `SUPPORT_FORM_ORIGINS has "munchable.app"`}},
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
@@ -31,6 +33,9 @@ func main() {
 	case errors.Is(err, errDrift):
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(3)
+	case errors.Is(err, ledger.ErrCursorExpired):
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(4)
 	default:
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -49,9 +54,11 @@ commands:
   stripe       sync, replay or verify Stripe's state through its API
   events       show, list or retry the events in the ledger
   changes      tail the change feed as JSON lines
+  relay        list or retry the relay's deliveries (forwards to the team, webhooks to the app)
 
 Every command answers -h with its own usage. Configuration comes from the
-environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line, 3 stripe verify found drift.`
+environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line, 3 stripe verify found drift,
+4 changes tail --after was given a cursor older than the oldest change kept.`
 
 const (
 	serveUsage = `usage: munchable-webhooks serve
@@ -107,6 +114,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return events(ctx, rest, environ, stdout, stderr)
 	case "changes":
 		return changes(ctx, rest, environ, stdout, stderr)
+	case "relay":
+		return relayCommand(ctx, rest, environ, stdout, stderr)
 	}
 	// The commands without flags or arguments of their own.
 	commands := map[string]struct {

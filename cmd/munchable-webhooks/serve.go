@@ -32,6 +32,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/leader"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/relay"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/stripesync"
@@ -96,6 +97,15 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	})()
 	bell := ledger.NewDoorbell(pool)
 	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
+	// The relay runs on one replica at a time; its gauges on every one.
+	rel := relay.New(cfg.relayConfig(pool, logger, registry))
+	if len(cfg.SupportForwardTo) == 0 {
+		logger.Info("forwarding support messages to the team is off (SUPPORT_FORWARD_TO is empty)")
+	}
+	defer background(ctx, func(ctx context.Context) { rel.Observe(ctx, relayObserveInterval) })()
+	defer background(ctx, func(ctx context.Context) {
+		runRelay(ctx, rel, leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url), logger)
+	})()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
 		PoisonAfter:    cfg.PoisonAfter,
@@ -219,6 +229,10 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint)}, sweeps))
 	return wg.Wait
 }
+
+// relayObserveInterval is how often every replica sets the relay's
+// gauges (the oldest pending delivery, the horizon's lag).
+const relayObserveInterval = 5 * time.Second
 
 // retentionInterval is how often serve trims the ledger and the feed: a
 // pass finds little to do, and rows outlive EVENTS_RETENTION by at most

@@ -187,7 +187,8 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	exprs := observabilityExprs(t)
 	r := newRig(t)
-	families := scrape(t, r.service(nil).URL()+"/metrics")
+	// With the forward on: the relay's series exist for its consumers.
+	families := scrape(t, r.service(forwardEnv).URL()+"/metrics")
 	t.Run("every exported metric has a panel", func(t *testing.T) {
 		onDashboard := map[string]bool{}
 		for where, expr := range dashboardExprs(t) {

@@ -21,7 +21,8 @@ import (
 // with their attachments (none by default), 404 for any other id, and lets
 // a test hold, delay or fail a fetch of the email with a hook, or redirect
 // it elsewhere. Every email added is listed: it is mail Resend received,
-// whether or not a test delivers its webhook.
+// whether or not a test delivers its webhook. It also takes POST /emails,
+// the forwards to the team (resendsend.go).
 type ResendAPI struct {
 	srv     *httptest.Server
 	fetches atomic.Int64
@@ -30,6 +31,7 @@ type ResendAPI struct {
 	emails    map[string]Email
 	redirects map[string]string
 	hook      Hook
+	sent      sent // POST /emails (resendsend.go)
 }
 
 // Attachment is one attachment of an Email, as the fake lists it, with the
@@ -83,6 +85,10 @@ func (a *ResendAPI) SetHook(h Hook) {
 func (a *ResendAPI) Fetches() int64 { return a.fetches.Load() }
 
 func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.Path == "/emails" {
+		a.send(w, r)
+		return
+	}
 	if r.Method == http.MethodGet && r.URL.Path == "/emails/receiving" {
 		if r.Header.Get("Authorization") != "Bearer "+ResendAPIKey {
 			http.Error(w, `{"message":"invalid api key"}`, http.StatusUnauthorized)

@@ -96,6 +96,11 @@ func (c Cursor) String() string {
 	return fmt.Sprintf("c1.%d.%d.%d", c.Lo, c.Hi, c.Last)
 }
 
+// Floor is the cursor's floor: every change whose txid is below Floor has
+// been read at c. Retention keeps what an enabled consumer's floor has not
+// passed, and a floor at or below what retention deleted is a gap.
+func (c Cursor) Floor() uint64 { return c.Lo }
+
 // MarshalText makes a Cursor print as its string in JSON.
 func (c Cursor) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
 

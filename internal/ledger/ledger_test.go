@@ -113,6 +113,7 @@ VALUES ('resend', 'msg_retried', 'dead', 6, now() - interval '31 days', now() - 
 		t.Fatal(err)
 	}
 	write(t, pool, "cus_1", "evt_new", "a")
+	waitReadable(t, pool)
 	l := ledger.New(pool, 5)
 	events, changes, err := l.Trim(ctx, 720*time.Hour)
 	if err != nil || events != 2500 || changes != 1200 {
@@ -159,6 +160,7 @@ FROM generate_series(1, 500000) i;
 ANALYZE webhook_events; ANALYZE changes;`); err != nil {
 		t.Fatal(err)
 	}
+	waitReadable(t, pool)
 	measure := func(n int, tag string) []time.Duration {
 		out := make([]time.Duration, 0, n)
 		for i := range n {

@@ -23,7 +23,14 @@ const trimBatch = 1000
 const trimLockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('webhook_events'), hashtext('changes'))`
 
 // The trims go by the indexes on first_seen_at and at, in batches named
-// by id: the oldest rows first, none twice. An event's age runs from its
+// by id: the oldest rows first, none twice. A change goes only once both
+// the read horizon and every enabled consumer (feed_consumers) have
+// passed it: its at is when its transaction began, so a transaction held
+// open past the retention would otherwise commit a row that is already
+// expired, and be deleted before anyone could read it; and a relay
+// consumer that lags (Resend down for a day) must find its changes still
+// there. What it deletes raises changes_trimmed's watermark, against
+// which a cursor is checked for a gap (CheckCursor). An event's age runs from its
 // last attempt: a dead event retried by hand on day 29, and failing
 // again, keeps its row and the body a later retry needs for another
 // retention period.
@@ -34,9 +41,17 @@ DELETE FROM webhook_events WHERE id IN (
     WHERE first_seen_at < $1 AND coalesce(finished_at, first_seen_at) < $1
     ORDER BY first_seen_at LIMIT $2)`
 	trimChangesSQL = `
-DELETE FROM changes WHERE id IN (
-    SELECT id FROM changes WHERE at < $1
-    ORDER BY at LIMIT $2)`
+WITH doomed AS (
+    SELECT id, txid FROM changes
+    WHERE at < $1
+      AND txid < pg_snapshot_xmin(pg_current_snapshot())
+      AND txid < ALL (SELECT floor FROM feed_consumers WHERE enabled)
+    ORDER BY at LIMIT $2
+), marked AS (
+    UPDATE changes_trimmed SET through_txid = greatest(through_txid, d.txid)
+    FROM (SELECT txid FROM doomed ORDER BY txid DESC LIMIT 1) d
+)
+DELETE FROM changes WHERE id IN (SELECT id FROM doomed)`
 )
 
 // errLockHeld: another replica is trimming.

@@ -187,8 +187,10 @@ func toMessage(d receivedData, a *answer, to string, now time.Time) support.Mess
 		ReplyTo:     firstAddress(e.ReplyTo, e.Headers.get("reply-to")),
 		InReplyTo:   e.Headers.get("in-reply-to"),
 		References:  support.MessageIDs(e.Headers.get("references")),
+		// The forward to the team skips automatic mail (RFC 3834).
+		AutoSubmitted: e.Headers.get("auto-submitted"),
 	}
-	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo} {
+	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo, &m.AutoSubmitted} {
 		*f = oneLine(*f)
 	}
 	for i, r := range m.References {

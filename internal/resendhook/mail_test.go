@@ -2,6 +2,7 @@ package resendhook_test
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -382,5 +383,31 @@ func TestHTMLCapped(t *testing.T) {
 	got := rowOf(t, h, emailID).HTMLBody
 	if len(got) > 2<<20 || len(got) < 2<<20-1 || !strings.HasPrefix(html, got) {
 		t.Errorf("html_body: %d bytes, a prefix: %v; want the first 2 MiB, cut between characters", len(got), strings.HasPrefix(html, got))
+	}
+}
+
+// TestAutoSubmittedStored: the Auto-Submitted header is kept as sent (the
+// forward to the team skips automatic mail), absent as NULL.
+func TestAutoSubmittedStored(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	mailIn(t, h, "ooo", "<ooo@mail.example.com>", map[string]any{"Auto-Submitted": "auto-replied"}, nil)
+	mailIn(t, h, "person", "<person@mail.example.com>", nil, nil)
+	got := map[string]*string{}
+	rows, err := h.pool.Query(context.Background(), `SELECT external_id, auto_submitted FROM support_messages`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var a *string
+		if err := rows.Scan(&id, &a); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = a
+	}
+	if want := "auto-replied"; got["ooo"] == nil || *got["ooo"] != want || got["person"] != nil {
+		t.Errorf("auto_submitted = ooo %v, person %v; want %q and NULL", got["ooo"], got["person"], want)
 	}
 }

@@ -62,6 +62,10 @@ type Message struct {
 	// SenderAuthenticated is true when DMARC passed, false when it failed,
 	// nil otherwise. Only true makes FromAddress trustworthy.
 	SenderAuthenticated *bool
+	// AutoSubmitted is the mail's Auto-Submitted header (RFC 3834) as
+	// sent, "" when absent: anything but "no" marks an automatic message
+	// (an auto-reply, a bounce), which the forward to the team skips.
+	AutoSubmitted string
 }
 
 // Queue stores support messages in Postgres.
@@ -107,9 +111,9 @@ INSERT INTO support_messages (
     id, thread_id, source, external_id, from_address, from_name, to_address,
     subject, text_body, html_body, message_id, content_hash, received_at,
     reply_to, in_reply_to, message_references, auth_spf, auth_dkim, auth_dmarc,
-    sender_authenticated)
+    sender_authenticated, auto_submitted)
 VALUES ((SELECT id FROM next), coalesce($1, (SELECT id FROM next)), $2, $3, $4, $5, $6,
-    $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+    $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 ON CONFLICT DO NOTHING
 RETURNING id`
 
@@ -216,7 +220,7 @@ func enqueue(ctx context.Context, tx pgx.Tx, m Message) (id int64, inserted bool
 		nullString(m.HTMLBody), msgID, hash, m.ReceivedAt,
 		nullString(m.ReplyTo), nullString(m.InReplyTo), nullStrings(m.References),
 		nullString(m.AuthSPF), nullString(m.AuthDKIM), nullString(m.AuthDMARC),
-		m.SenderAuthenticated,
+		m.SenderAuthenticated, nullString(m.AutoSubmitted),
 	).Scan(&id)
 	if err == nil {
 		return id, true, nil
@@ -506,7 +510,7 @@ func contentHash(m Message) []byte {
 func clean(m Message) Message {
 	for _, s := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject,
 		&m.TextBody, &m.HTMLBody, &m.MessageID, &m.ReplyTo, &m.InReplyTo,
-		&m.AuthSPF, &m.AuthDKIM, &m.AuthDMARC} {
+		&m.AuthSPF, &m.AuthDKIM, &m.AuthDMARC, &m.AutoSubmitted} {
 		*s = cleanText(*s)
 	}
 	refs := make([]string, len(m.References))

@@ -15,6 +15,8 @@
 //	GET /emails/receiving/{email_id}               Retrieve Received Email
 //	GET /emails/receiving/{email_id}/attachments   List Attachments, each download_url pointing here
 //	GET /cdn/{email_id}/attachments/{id}?signature=...  the download (no key, as Resend's CDN)
+//	POST /emails                                   Send Email: prints what it would have sent
+//	                                               (send.go), with Resend's Idempotency-Key rule
 //
 // and Resend's JSON errors otherwise. Each mail is a directory named by its
 // email id, holding email.json (the Retrieve Received Email answer, with
@@ -291,6 +293,7 @@ func newAPI(mails map[string]mail, apiKey string, log io.Writer) http.Handler {
 	mux.HandleFunc("GET /cdn/{email}/attachments/{id}", func(w http.ResponseWriter, r *http.Request) {
 		download(w, r, mails)
 	})
+	mux.HandleFunc("POST /emails", newOutbox(log).send(apiKey))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusNotFound, "not_found", "The requested endpoint does not exist.")
 	})

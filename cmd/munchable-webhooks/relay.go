@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/mail"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/leader"
+	"github.com/munchable/munchable-webhooks/internal/relay"
+)
+
+// RelayConfig is the relay's part of the configuration: its retries and
+// its consumers' far sides. Exported only because caarlos0/env cannot set
+// the fields of an unexported embedded struct.
+type RelayConfig struct {
+	RelayRetrySchedule []time.Duration `env:"RELAY_RETRY_SCHEDULE" envDefault:"5s,5m,30m,2h,5h,10h,10h"`
+	// SupportForwardTo empty: forwarding is off.
+	SupportForwardTo   []string `env:"SUPPORT_FORWARD_TO"`
+	SupportForwardFrom string   `env:"SUPPORT_FORWARD_FROM"`
+	SupportForwardRate float64  `env:"SUPPORT_FORWARD_RATE" envDefault:"2"`
+}
+
+func (c RelayConfig) check(add addProblem) {
+	if len(c.RelayRetrySchedule) == 0 {
+		add("RELAY_RETRY_SCHEDULE is empty: want comma-separated waits such as 5s,5m,30m,2h,5h,10h,10h")
+	}
+	for _, d := range c.RelayRetrySchedule {
+		if d <= 0 {
+			add("RELAY_RETRY_SCHEDULE has %s: want positive waits such as 5s,5m,30m,2h,5h,10h,10h", d)
+			break
+		}
+	}
+	if len(c.SupportForwardTo) == 0 {
+		return
+	}
+	for _, to := range c.SupportForwardTo {
+		if a, err := mail.ParseAddress(strings.TrimSpace(to)); err != nil || a.Name != "" {
+			add("SUPPORT_FORWARD_TO has %q: want comma-separated addresses such as support-team@munchable.app", to)
+		}
+	}
+	from, err := mail.ParseAddress(c.SupportForwardFrom)
+	switch {
+	case strings.TrimSpace(c.SupportForwardFrom) == "":
+		add("SUPPORT_FORWARD_FROM is required with SUPPORT_FORWARD_TO: want the sender, on a domain verified in Resend, such as Munchable Support <support-forward@munchable.app>")
+	case err != nil:
+		add("SUPPORT_FORWARD_FROM is %q: want an address such as Munchable Support <support-forward@munchable.app>", c.SupportForwardFrom)
+	case slices.ContainsFunc(c.SupportForwardTo, func(to string) bool { return strings.EqualFold(strings.TrimSpace(to), from.Address) }):
+		add("SUPPORT_FORWARD_FROM must not be one of SUPPORT_FORWARD_TO (each forward would come back and be skipped as a loop): want a sender address of its own, such as support-forward@munchable.app")
+	}
+	if c.SupportForwardRate <= 0 || c.SupportForwardRate > 100 {
+		add("SUPPORT_FORWARD_RATE is %v: want sends a second, above 0 and at most 100, such as 2 (Resend's default team limit)", c.SupportForwardRate)
+	}
+}
+
+// relayConfig is what relay.New builds the relay from.
+func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) relay.Config {
+	var to []string
+	for _, a := range c.SupportForwardTo {
+		to = append(to, strings.TrimSpace(a))
+	}
+	return relay.Config{
+		Pool: pool,
+		Forward: relay.ForwardConfig{
+			To: to, From: c.SupportForwardFrom, Rate: c.SupportForwardRate,
+			APIURL: c.resendAPIURL, APIKey: string(c.ResendAPIKey),
+		},
+		Schedule:   c.RelayRetrySchedule,
+		Retention:  c.EventsRetention,
+		Logger:     logger,
+		Registerer: reg,
+	}
+}
+
+// relayRetryWait is how long a replica waits before it tries again to
+// take the relay's lock, or to run it after a run ended with an error.
+const relayRetryWait = 5 * time.Second
+
+// runRelay runs the relay on one replica at a time until ctx ends: under
+// the leader lock "relay" (a session of its own, at MIGRATE_DATABASE_URL
+// when set), with a fence that fails once the lock's run has ended, so a
+// replica that lost the lock records nothing more. The coordinator of the
+// failover work swaps this fence for the lease's.
+func runRelay(ctx context.Context, r *relay.Relay, connect leader.Connect, logger *slog.Logger) {
+	lock := leader.NewLock(connect, "relay")
+	for {
+		ran, err := lock.TryRun(ctx, func(runCtx context.Context) error {
+			logger.Info("relay: this replica runs it")
+			fence := func(context.Context, pgx.Tx) error {
+				if runCtx.Err() != nil {
+					return context.Cause(runCtx)
+				}
+				return nil
+			}
+			return r.Run(runCtx, fence)
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			logger.Error("relay stopped", "ran", ran, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(relayRetryWait):
+		}
+	}
+}
+
+const relayUsage = `usage: munchable-webhooks relay COMMAND [flags] ARGS
+
+Reads and retries the relay's deliveries (relay_deliveries in DATABASE_URL):
+one row per consumer (forward: support messages to SUPPORT_FORWARD_TO;
+app_webhook: changes to the app) and change it took.
+
+commands:
+  list [--consumer C] [--state S]
+                           one JSON line per delivery, by consumer and change; S is
+                           pending, delivered, failed, dead or skipped
+  retry CONSUMER CHANGE_ID run a failed or dead delivery again at once, with the same
+                           identity as its first try (Resend's Idempotency-Key, the
+                           webhook-id); needs the service's configuration; prints the
+                           delivery as it now stands; exit 1 unless it was delivered
+                           (or skipped)`
+
+func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	top := newCommand("relay", relayUsage, stdout, stderr)
+	if len(args) == 0 {
+		return top.misuse("want a command")
+	}
+	cmd := newCommand("relay "+args[0], relayUsage, stdout, stderr)
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		top.printUsage(stdout)
+		return flag.ErrHelp
+	case "list":
+		consumer := cmd.flags.String("consumer", "", "only this consumer's deliveries")
+		state := cmd.flags.String("state", "", "only deliveries in this state")
+		if _, err := cmd.parse(args[1:], 0); err != nil {
+			return err
+		}
+		if *state != "" && !slices.Contains(relay.States, relay.State(*state)) {
+			return cmd.misuse("--state %q: want pending, delivered, failed, dead or skipped", *state)
+		}
+		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout)
+	case "retry":
+		pos, err := cmd.parse(args[1:], 2)
+		if err != nil {
+			return err
+		}
+		changeID, err := strconv.ParseInt(pos[1], 10, 64)
+		if err != nil || changeID <= 0 {
+			return cmd.misuse("CHANGE_ID %q: want the change's id, as relay list prints it", pos[1])
+		}
+		return retryDelivery(ctx, environ, pos[0], changeID, stdout)
+	}
+	return top.misuse("unknown command %q", args[0])
+}
+
+func listDeliveries(ctx context.Context, environ []string, consumer string, state relay.State, stdout io.Writer) error {
+	cfg, err := parseEnv[changesConfig](environ) // DATABASE_URL alone
+	if err != nil {
+		return err
+	}
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enc := json.NewEncoder(stdout)
+	return relay.List(ctx, pool, consumer, state, func(d relay.Delivery) error { return enc.Encode(d) })
+}
+
+// errNotDelivered: relay retry ran, and the delivery failed again.
+var errNotDelivered = errors.New("not delivered")
+
+func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout io.Writer) error {
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		return err
+	}
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r := relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil))
+	d, err := r.Retry(ctx, consumer, changeID)
+	if err != nil {
+		return err
+	}
+	if err := json.NewEncoder(stdout).Encode(d); err != nil {
+		return err
+	}
+	if d.State != relay.Delivered && d.State != relay.Skipped {
+		return fmt.Errorf("relay retry %s %d: %s: %w", consumer, changeID, d.State, errNotDelivered)
+	}
+	return nil
+}

@@ -1,0 +1,600 @@
+// Package relay delivers the change feed, once, to each consumer: it
+// follows changes (ledger.Read) with a cursor per consumer in
+// feed_consumers, takes the changes a consumer wants into
+// relay_deliveries, and hands each to the consumer's Destination, retrying
+// on a schedule. The feed is the outbox: nothing but the change itself is
+// written with the change.
+//
+// Once: a destination's delivery carries an identity fixed by the change
+// (destination.go), so a crash between sending and recording repeats the
+// send only with the same identity. Order: for one consumer, a change is
+// delivered only once every older change of its subject is delivered,
+// dead or skipped; other subjects do not wait for it. One replica at a
+// time runs the relay, and every transaction that records a delivery or
+// moves a cursor first calls the run's Fence, so a replica that lost the
+// lead records nothing over its successor.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/munchable/munchable-webhooks/internal/ledger"
+)
+
+// Fence returns an error when this replica no longer leads. The relay
+// calls it first in every transaction that records deliveries or moves a
+// cursor, and stops when it fails.
+type Fence func(ctx context.Context, tx pgx.Tx) error
+
+// ErrFenced wraps a Fence's error: the run stopped because it no longer
+// leads.
+var ErrFenced = errors.New("relay: no longer the leader")
+
+// Consumer is one named follower of the feed and its far side.
+type Consumer struct {
+	// Name is its row in feed_consumers and its deliveries' consumer.
+	Name string
+	// Kinds are the change kinds it takes; the others pass it by (its
+	// cursor moves over them, no delivery is recorded).
+	Kinds       []string
+	Destination Destination
+	// Parallel is how many of its deliveries (each of another subject)
+	// run at once; 0 is 1.
+	Parallel int
+	// OrderBy is what a change's order goes by: a change waits for the
+	// older changes with the same key. nil: its subject.
+	OrderBy func(ledger.Change) string
+}
+
+// orderKey is ch's key for c.
+func (c Consumer) orderKey(ch ledger.Change) string {
+	if c.OrderBy != nil {
+		if k := c.OrderBy(ch); k != "" {
+			return k
+		}
+	}
+	return ch.Subject
+}
+
+// DefaultSchedule is RELAY_RETRY_SCHEDULE's default, the Standard
+// Webhooks schedule: the waits after the first failed attempt, the
+// second, and so on; a delivery whose last wait has run out fails for the
+// last time and is dead.
+var DefaultSchedule = []time.Duration{5 * time.Second, 5 * time.Minute, 30 * time.Minute,
+	2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+
+// Config is what a Relay runs on.
+type Config struct {
+	Pool *pgxpool.Pool
+	// Forward, when its To is not empty, is the consumer forward.
+	Forward ForwardConfig
+	// Consumers are consumers besides those built from the fields above.
+	Consumers []Consumer
+	// Schedule is RELAY_RETRY_SCHEDULE (nil: DefaultSchedule).
+	Schedule []time.Duration
+	// Poll is how often the relay looks for new changes and for retries
+	// that are due (0: one second).
+	Poll time.Duration
+	// Batch is how many changes one read takes and how many deliveries
+	// one pass starts, per consumer (0: 100).
+	Batch int
+	// AttemptTimeout caps one delivery attempt (0: two minutes); a
+	// destination has its own, shorter, deadline.
+	AttemptTimeout time.Duration
+	// Retention is EVENTS_RETENTION: delivered and skipped deliveries
+	// older than it are deleted (0: kept). Failed, dead and pending ones
+	// are kept whatever their age.
+	Retention  time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Relay follows the feed for its consumers.
+type Relay struct {
+	pool      *pgxpool.Pool
+	consumers []Consumer
+	schedule  []time.Duration
+	poll      time.Duration
+	batch     int
+	timeout   time.Duration
+	retention time.Duration
+	logger    *slog.Logger
+	metrics   *metrics
+	now       func() time.Time
+}
+
+// New builds the relay and its destinations from cfg, and registers its
+// metrics (exported from 0 for every consumer it has).
+func New(cfg Config) *Relay {
+	r := &Relay{
+		pool:      cfg.Pool,
+		schedule:  cfg.Schedule,
+		poll:      cfg.Poll,
+		batch:     cfg.Batch,
+		timeout:   cfg.AttemptTimeout,
+		retention: cfg.Retention,
+		logger:    cfg.Logger,
+		now:       time.Now,
+	}
+	if r.schedule == nil {
+		r.schedule = DefaultSchedule
+	}
+	if r.poll <= 0 {
+		r.poll = time.Second
+	}
+	if r.batch <= 0 {
+		r.batch = 100
+	}
+	if r.timeout <= 0 {
+		r.timeout = 2 * time.Minute
+	}
+	if r.logger == nil {
+		r.logger = slog.New(slog.DiscardHandler)
+	}
+	if len(cfg.Forward.To) > 0 {
+		r.consumers = append(r.consumers, Consumer{
+			Name:        ForwardConsumer,
+			Kinds:       []string{ledger.KindSupportMessage},
+			Destination: NewForward(cfg.Pool, cfg.Forward),
+			OrderBy:     threadOf,
+		})
+	}
+	r.consumers = append(r.consumers, cfg.Consumers...)
+	r.metrics = newMetrics(cfg.Registerer, r.names())
+	return r
+}
+
+func (r *Relay) names() []string {
+	names := make([]string, len(r.consumers))
+	for i, c := range r.consumers {
+		names[i] = c.Name
+	}
+	return names
+}
+
+// consumer returns the consumer called name.
+func (r *Relay) consumer(name string) (Consumer, bool) {
+	i := slices.IndexFunc(r.consumers, func(c Consumer) bool { return c.Name == name })
+	if i < 0 {
+		return Consumer{}, false
+	}
+	return r.consumers[i], true
+}
+
+// Run relays until ctx ends (it returns nil) or fence fails (an error
+// wrapping ErrFenced). It first marks which consumers are enabled (those
+// it has; the others then hold retention back no more) and places a
+// consumer new to feed_consumers at the end of the feed. A failed pass is
+// logged and tried again at the next poll.
+func (r *Relay) Run(ctx context.Context, fence Fence) error {
+	cursors, err := r.enable(ctx, fence)
+	if err != nil {
+		return r.stopped(ctx, err)
+	}
+	checked := map[string]uint64{} // the floor last checked for a gap, per consumer
+	var trimmed time.Time
+	for {
+		if r.retention > 0 && time.Since(trimmed) >= trimEvery {
+			if err := r.trim(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("relay: trimming finished deliveries failed", "err", err)
+			}
+			trimmed = time.Now()
+		}
+		busy := false
+		for _, c := range r.consumers {
+			more, err := r.pass(ctx, fence, c, cursors, checked)
+			if err != nil {
+				if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+					return r.stopped(ctx, err)
+				}
+				r.logger.Error("relay pass failed", "consumer", c.Name, "err", err)
+			}
+			busy = busy || more
+		}
+		if busy {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.poll):
+		}
+	}
+}
+
+// trimEvery is how often the relay deletes finished deliveries past the
+// retention.
+const trimEvery = time.Hour
+
+// trimDeliveriesSQL deletes a batch of finished deliveries past the
+// retention: they say only that a change went (the change itself follows
+// EVENTS_RETENTION too).
+const trimDeliveriesSQL = `
+DELETE FROM relay_deliveries WHERE (consumer, change_id) IN (
+    SELECT consumer, change_id FROM relay_deliveries
+    WHERE state IN ('delivered', 'skipped') AND created_at < $1
+    LIMIT 1000)`
+
+// trim deletes finished deliveries older than the retention, a batch at a
+// time.
+func (r *Relay) trim(ctx context.Context) error {
+	cutoff := r.now().Add(-r.retention)
+	for {
+		tag, err := r.pool.Exec(ctx, trimDeliveriesSQL, cutoff)
+		if err != nil {
+			return fmt.Errorf("relay: trim deliveries: %w", err)
+		}
+		if tag.RowsAffected() < 1000 {
+			return nil
+		}
+	}
+}
+
+// stopped is Run's return: nil once ctx has ended, the error otherwise.
+func (r *Relay) stopped(ctx context.Context, err error) error {
+	if ctx.Err() != nil && !errors.Is(err, ErrFenced) {
+		return nil
+	}
+	return err
+}
+
+// inTx runs fn in a transaction that the fence guards.
+func (r *Relay) inTx(ctx context.Context, fence Fence, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if fence != nil {
+			if err := fence(ctx, tx); err != nil {
+				return fmt.Errorf("%w: %w", ErrFenced, err)
+			}
+		}
+		return fn(tx)
+	})
+}
+
+// enableSQL marks the consumers this relay has as enabled and every other
+// as not, and returns the cursors of those it has.
+const (
+	disableSQL = `UPDATE feed_consumers SET enabled = (name = ANY($1::text[]))
+WHERE enabled <> (name = ANY($1::text[]))`
+	// A new consumer starts at the end of the feed: past every
+	// transaction that has completed (the snapshot's xmax), committed
+	// changes and all, whatever the horizon (another database's open
+	// transaction holds the horizon back, not the end of the feed). A
+	// transaction still running then, with an id below xmax, is taken
+	// for already there too; every later one is delivered.
+	endSQL         = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`
+	addConsumerSQL = `
+INSERT INTO feed_consumers (name, cursor, updated_at, floor, enabled)
+SELECT n, $2, now(), $3::text::xid8, true FROM unnest($1::text[]) n
+ON CONFLICT (name) DO NOTHING`
+	cursorsSQL = `SELECT name, cursor FROM feed_consumers WHERE name = ANY($1::text[])`
+)
+
+func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Cursor, error) {
+	names := r.names()
+	cursors := map[string]ledger.Cursor{}
+	err := r.inTx(ctx, fence, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, disableSQL, names); err != nil {
+			return err
+		}
+		var end string
+		if err := tx.QueryRow(ctx, endSQL).Scan(&end); err != nil {
+			return err
+		}
+		lo, err := strconv.ParseUint(end, 10, 64)
+		if err != nil {
+			return fmt.Errorf("end of the feed %q: %w", end, err)
+		}
+		start := ledger.Cursor{Lo: lo}
+		if _, err := tx.Exec(ctx, addConsumerSQL, names, start.String(), fmt.Sprint(start.Floor())); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, cursorsSQL, names)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name, s string
+			if err := rows.Scan(&name, &s); err != nil {
+				return err
+			}
+			c, err := ledger.ParseCursor(s)
+			if err != nil {
+				return fmt.Errorf("consumer %s: %w", name, err)
+			}
+			cursors[name] = c
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay: enable consumers: %w", err)
+	}
+	return cursors, nil
+}
+
+// pass takes the consumer's new changes and runs its due deliveries. more
+// is true when there is more to do at once (a full page or batch).
+func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[string]ledger.Cursor, checked map[string]uint64) (more bool, err error) {
+	cur := cursors[c.Name]
+	if floor := cur.Floor(); checked[c.Name] != floor {
+		if err := ledger.CheckCursor(ctx, r.pool, cur); errors.Is(err, ledger.ErrCursorExpired) {
+			r.logger.Error("relay consumer fell behind retention: changes it had not passed were deleted; going on from the oldest kept",
+				"consumer", c.Name, "cursor", cur.String(), "err", err)
+			r.metrics.gaps.WithLabelValues(c.Name).Inc()
+		} else if err != nil {
+			return false, err
+		}
+		checked[c.Name] = floor
+	}
+	took, next, err := r.take(ctx, fence, c, cur)
+	if err != nil {
+		return false, err
+	}
+	cursors[c.Name] = next
+	ran, err := r.deliverDue(ctx, fence, c)
+	if err != nil {
+		return false, err
+	}
+	return took == r.batch || ran == r.batch, nil
+}
+
+// insertSQL records the changes a consumer takes, as pending and due now,
+// in one statement; a change already taken (a pass that failed after it)
+// stays as it is.
+const (
+	insertSQL = `
+INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, next_attempt_at, change)
+SELECT $1, t.id, t.subject, t.key, 'pending', 0, now(), t.change
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::jsonb[]) AS t(id, subject, key, change)
+ON CONFLICT (consumer, change_id) DO NOTHING`
+	moveSQL = `UPDATE feed_consumers SET cursor = $2, floor = $3::text::xid8, updated_at = now() WHERE name = $1`
+)
+
+// take reads a page of the feed after cur and records the changes c
+// wants, moving its cursor in the same transaction. It returns how many
+// changes the page held and the cursor after them.
+func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor) (int, ledger.Cursor, error) {
+	page, next, err := ledger.Read(ctx, r.pool, cur, r.batch)
+	if err != nil {
+		return 0, cur, err
+	}
+	if next.String() == cur.String() {
+		return 0, cur, nil // nothing new, not even the horizon
+	}
+	var ids []int64
+	var subjects, keys []string
+	var bodies [][]byte
+	for _, ch := range page {
+		if !slices.Contains(c.Kinds, ch.Kind) {
+			continue
+		}
+		body, err := marshalChange(ch)
+		if err != nil {
+			return 0, cur, err
+		}
+		ids, subjects, bodies = append(ids, ch.ID), append(subjects, ch.Subject), append(bodies, body)
+		keys = append(keys, c.orderKey(ch))
+	}
+	err = r.inTx(ctx, fence, func(tx pgx.Tx) error {
+		if len(ids) > 0 {
+			if _, err := tx.Exec(ctx, insertSQL, c.Name, ids, subjects, keys, bodies); err != nil {
+				return fmt.Errorf("record deliveries: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, moveSQL, c.Name, next.String(), fmt.Sprint(next.Floor()))
+		return err
+	})
+	if err != nil {
+		return 0, cur, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
+	}
+	return len(page), next, nil
+}
+
+// dueSQL finds the deliveries to run now: open, due, and with no older
+// open delivery of the same order key (which would have to go first). The
+// partial index on open deliveries serves both sides.
+const dueSQL = `
+SELECT d.change_id, d.attempts, d.change FROM relay_deliveries d
+WHERE d.consumer = $1 AND d.state IN ('pending', 'failed') AND d.next_attempt_at <= now()
+  AND NOT EXISTS (
+    SELECT 1 FROM relay_deliveries o
+    WHERE o.consumer = d.consumer AND o.order_key = d.order_key AND o.change_id < d.change_id
+      AND o.state IN ('pending', 'failed'))
+ORDER BY d.change_id
+LIMIT $2`
+
+// delivery is one attempt's input and outcome.
+type delivery struct {
+	change   ledger.Change
+	attempts int // before this attempt
+	result   string
+	err      error
+}
+
+// deliverDue runs the consumer's due deliveries, Parallel at a time (each
+// is of another order key), without holding a connection while they wait
+// on the far side, and records their outcomes as they come, one statement
+// for all those done within a flush interval: a slow or rate-limited
+// destination's first outcomes are on record (and visible) long before
+// the batch's last. It returns how many it started.
+func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, error) {
+	rows, err := r.pool.Query(ctx, dueSQL, c.Name, r.batch)
+	if err != nil {
+		return 0, fmt.Errorf("relay %s: due deliveries: %w", c.Name, err)
+	}
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*delivery, error) {
+		var d delivery
+		var body []byte
+		if err := row.Scan(&d.change.ID, &d.attempts, &body); err != nil {
+			return nil, err
+		}
+		ch, err := unmarshalChange(body)
+		d.change = ch
+		return &d, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("relay %s: due deliveries: %w", c.Name, err)
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan *delivery)
+	go func() {
+		r.attempt(actx, c, due, done)
+		close(done)
+	}()
+	var outcomes []*delivery
+	flush := func() error {
+		if len(outcomes) == 0 || ctx.Err() != nil {
+			return nil // cut short: what is not recorded runs again
+		}
+		err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, outcomes) })
+		outcomes = outcomes[:0]
+		if err != nil {
+			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
+		}
+		return nil
+	}
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case d, ok := <-done:
+			if !ok {
+				if err := flush(); err != nil {
+					return len(due), err
+				}
+				return len(due), ctx.Err()
+			}
+			if actx.Err() == nil {
+				outcomes = append(outcomes, d)
+			}
+		case <-tick.C:
+			if err := flush(); err != nil {
+				stop() // the attempts not begun are not begun; those running end
+				for range done {
+				}
+				return len(due), err
+			}
+		}
+	}
+}
+
+// flushEvery is how often deliverDue records the outcomes it has.
+const flushEvery = time.Second
+
+// attempt runs each delivery's attempt, Parallel at a time, and sends
+// each on done as it ends. Once ctx ends it starts no more.
+func (r *Relay) attempt(ctx context.Context, c Consumer, due []*delivery, done chan<- *delivery) {
+	sem := make(chan struct{}, max(c.Parallel, 1))
+	var wg sync.WaitGroup
+	for _, d := range due {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			actx, cancel := context.WithTimeout(ctx, r.timeout)
+			defer cancel()
+			d.result, d.err = c.Destination.Deliver(actx, d.change)
+			done <- d
+		})
+	}
+	wg.Wait()
+}
+
+// recordSQL writes a batch of outcomes, one statement for the batch.
+const recordSQL = `
+UPDATE relay_deliveries d SET
+    state = o.state, attempts = d.attempts + 1, next_attempt_at = o.next_attempt_at,
+    last_error = o.last_error, result = coalesce(o.result, d.result),
+    delivered_at = CASE WHEN o.state = 'delivered' THEN now() ELSE d.delivered_at END
+FROM unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::text[], $6::text[])
+    AS o(change_id, state, next_attempt_at, last_error, result)
+WHERE d.consumer = $1 AND d.change_id = o.change_id`
+
+// record writes the outcomes of due and counts them.
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*delivery) error {
+	n := len(due)
+	ids, states := make([]int64, n), make([]string, n)
+	nexts, lastErrors, results := make([]*time.Time, n), make([]*string, n), make([]*string, n)
+	now := r.now()
+	for i, d := range due {
+		o := r.outcome(d, now)
+		ids[i], states[i], nexts[i] = d.change.ID, string(o.state), o.next
+		if o.lastError != "" {
+			lastErrors[i] = &o.lastError
+		}
+		if d.result != "" {
+			results[i] = &d.result
+		}
+	}
+	if _, err := tx.Exec(ctx, recordSQL, consumer, ids, states, nexts, lastErrors, results); err != nil {
+		return err
+	}
+	for _, s := range states {
+		r.metrics.deliveries.WithLabelValues(consumer, s).Inc()
+	}
+	return nil
+}
+
+// State is a delivery's state in relay_deliveries.
+type State string
+
+// The states of a delivery.
+const (
+	Pending   State = "pending"
+	Delivered State = "delivered"
+	Failed    State = "failed"
+	Dead      State = "dead"
+	Skipped   State = "skipped"
+)
+
+// States lists every State, in the order of a delivery's life.
+var States = []State{Pending, Delivered, Failed, Dead, Skipped}
+
+type outcome struct {
+	state     State
+	next      *time.Time
+	lastError string
+}
+
+// outcome reads an attempt's error: delivered, skipped, dead at once, or
+// failed and due again after the schedule's wait (or the far side's
+// Retry-After, when it said one), dead once the schedule has run out.
+func (r *Relay) outcome(d *delivery, now time.Time) outcome {
+	switch {
+	case d.err == nil:
+		return outcome{state: Delivered}
+	case errors.Is(d.err, ErrSkip):
+		return outcome{state: Skipped, lastError: d.err.Error()}
+	case errors.Is(d.err, ErrPermanent):
+		return outcome{state: Dead, lastError: d.err.Error()}
+	}
+	if d.attempts >= len(r.schedule) {
+		return outcome{state: Dead, lastError: d.err.Error()}
+	}
+	wait := r.schedule[d.attempts]
+	if ra, ok := errors.AsType[*RetryAfterError](d.err); ok && ra.After > 0 {
+		wait = ra.After
+	}
+	next := now.Add(wait)
+	return outcome{state: Failed, next: &next, lastError: d.err.Error()}
+}
