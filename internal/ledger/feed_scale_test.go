@@ -104,7 +104,7 @@ func TestFeedPageCostIsFlat(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	const n, page = 12000, 500
+	const n, page = 6000, 500
 	growFeed(t, conn, n)
 	for _, stmt := range []string{
 		`SET plan_cache_mode = force_generic_plan`,
