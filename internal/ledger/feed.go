@@ -166,8 +166,10 @@ func ParseCursor(s string) (Cursor, error) {
 // plan: it costs the same at the feed's start and at its end, on a new
 // connection or one whose plans have gone generic. The first column is the
 // horizon, on every row; an empty page comes back as one row with NULLs.
+// MATERIALIZED takes the horizon once, for the filter and the first column
+// alike.
 const ReadSQL = `
-WITH h AS (
+WITH h AS MATERIALIZED (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi
 )
 SELECT h.hi::text, c.txid::text, c.id, c.at, c.kind, c.subject,
