@@ -25,7 +25,7 @@ the feed is read only as far as no running transaction can still add to
 it (docs/APP.md). When it stops (all read, or with --follow on SIGINT or
 SIGTERM), the cursor to resume from is the last line on stderr:
 
-  cursor c1.742.0.0
+  cursor c2.742.0
 
 Without --after it starts at the oldest change kept (EVENTS_RETENTION).
 A cursor older than that (retention deleted changes it had not read) is

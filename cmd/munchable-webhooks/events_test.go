@@ -150,7 +150,7 @@ func TestRetryFailedMail(t *testing.T) {
 			break
 		}
 	}
-	if lines != 1 || !strings.Contains(out, `"kind":"support_message"`) || !strings.HasPrefix(stderr, "cursor c1.") {
+	if lines != 1 || !strings.Contains(out, `"kind":"support_message"`) || !strings.HasPrefix(stderr, "cursor c2.") {
 		t.Errorf("changes tail = %q, stderr %q; want one change and the cursor", out, stderr)
 	}
 	cursor := strings.TrimSpace(strings.TrimPrefix(stderr, "cursor "))

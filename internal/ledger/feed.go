@@ -37,10 +37,14 @@ const Channel = "munchable_changes"
 // function, so that Postgres builds it only when it runs (OFFSET 0 keeps
 // it to one call per row).
 //
-// The id is drawn (nextval) when the row is inserted, which is after new's
-// rows exist, so after the written row's lock is held: of two
-// transactions that change one row, the one that commits first draws the
-// smaller id (docs/APP.md builds the consumer's order on it).
+// The feed's order is (txid, id), and for one row both are commit order.
+// txid is the transaction's id, which Postgres assigns at its first
+// write; every writer of a row the feed follows takes the row's advisory
+// lock (which writes nothing) before anything else in its transaction, so
+// of two transactions that change one row, the one that waited gets its
+// txid after the other committed, a larger one. The id is drawn (nextval)
+// when the row is inserted, after new's rows exist, so after the lock too
+// (docs/APP.md builds the consumer's order on both).
 //
 // The writing transaction sends no NOTIFY: the Doorbell rings for it once
 // it has committed (see there for why).
@@ -82,10 +86,17 @@ type Change struct {
 	Cursor Cursor `json:"cursor"`
 }
 
-// Cursor is a consumer's position in the feed: every change whose
-// transaction id is below Lo has been read; when Hi is set, so have the
-// changes of the window [Lo, Hi) up to id Last. Its string form is opaque
-// to consumers; the zero Cursor is the start of the feed.
+// Cursor is a consumer's position in the feed, whose order is (txid, id):
+// Lo and Last are the txid and id of the last change read, and every
+// change at or before it in that order has been read (Last 0: every change
+// whose txid is below Lo). Its string form is opaque to consumers,
+// c2.<txid>.<id>; the zero Cursor is the start of the feed.
+//
+// Hi is set only by a cursor the first release printed inside one of its
+// windows (c1.lo.hi.last: the changes with txid in [lo, hi) up to id last,
+// and every one below lo, have been read). Read finishes that window as
+// the first release did, then goes on in (txid, id) order: nothing is lost
+// or read twice.
 type Cursor struct {
 	Lo, Hi uint64
 	Last   int64
@@ -93,7 +104,10 @@ type Cursor struct {
 
 // String is the cursor's opaque form.
 func (c Cursor) String() string {
-	return fmt.Sprintf("c1.%d.%d.%d", c.Lo, c.Hi, c.Last)
+	if c.Hi != 0 {
+		return fmt.Sprintf("c1.%d.%d.%d", c.Lo, c.Hi, c.Last)
+	}
+	return fmt.Sprintf("c2.%d.%d", c.Lo, c.Last)
 }
 
 // Floor is the cursor's floor: every change whose txid is below Floor has
@@ -108,49 +122,78 @@ func (c Cursor) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
 var ErrCursor = errors.New("not a changes cursor")
 
 // ParseCursor reads a cursor's string form; "" is the start of the feed.
+// It reads the first release's c1 cursors too: c1.lo.0.0, between windows,
+// is the position c2.lo.0.
 func ParseCursor(s string) (Cursor, error) {
 	if s == "" {
 		return Cursor{}, nil
 	}
+	bad := fmt.Errorf("%q: %w", s, ErrCursor)
 	parts := strings.Split(s, ".")
-	if len(parts) != 4 || parts[0] != "c1" {
-		return Cursor{}, fmt.Errorf("%q: %w", s, ErrCursor)
-	}
 	var c Cursor
 	var err1, err2, err3 error
-	c.Lo, err1 = strconv.ParseUint(parts[1], 10, 64)
-	c.Hi, err2 = strconv.ParseUint(parts[2], 10, 64)
-	c.Last, err3 = strconv.ParseInt(parts[3], 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil || c.Last < 0 || (c.Hi != 0 && c.Hi < c.Lo) {
-		return Cursor{}, fmt.Errorf("%q: %w", s, ErrCursor)
+	switch {
+	case len(parts) == 3 && parts[0] == "c2":
+		c.Lo, err1 = strconv.ParseUint(parts[1], 10, 64)
+		c.Last, err2 = strconv.ParseInt(parts[2], 10, 64)
+	case len(parts) == 4 && parts[0] == "c1":
+		c.Lo, err1 = strconv.ParseUint(parts[1], 10, 64)
+		c.Hi, err2 = strconv.ParseUint(parts[2], 10, 64)
+		c.Last, err3 = strconv.ParseInt(parts[3], 10, 64)
+		// Between windows the first release printed last 0 (c1.lo.0.0).
+		if c.Hi == 0 && c.Last != 0 || c.Hi != 0 && c.Hi < c.Lo {
+			return Cursor{}, bad
+		}
+	default:
+		return Cursor{}, bad
+	}
+	if err := errors.Join(err1, err2, err3); err != nil || c.Last < 0 {
+		return Cursor{}, bad
 	}
 	return c, nil
 }
 
-// ReadSQL is the consumer query (docs/APP.md quotes it). A window is
-// [lo, hi): hi is the horizon, the oldest transaction id still running
-// when the statement's snapshot was taken, so every transaction below it
-// has finished and its rows are all visible; no transaction that commits
-// later can add a row below it. $2 is NULL to open a new window, or the hi
-// of a window being paged through. Within a window rows go by id, which
-// for any one row of the app's tables is commit order (AppendCTE). The
-// first column repeats hi on every row, and comes as one row with NULLs
-// when the window is empty.
+// ReadSQL is the consumer query (docs/APP.md quotes it). It reads the
+// changes after the cursor ($1 txid, $2 id) in (txid, id) order, up to $3
+// of them, below the horizon: the oldest transaction id still running
+// when the statement's snapshot was taken. Every transaction below it has
+// finished and its rows are all visible; no transaction that commits later
+// can add a row below it, so a change is read only once no earlier one in
+// this order can still appear. For any one row of the app's tables txid
+// order is commit order (AppendCTE).
+//
+// The cursor and the order are those of the index changes_txid (txid, id),
+// so a page is one range scan of that index from the cursor, whatever the
+// plan: it costs the same at the feed's start and at its end, on a new
+// connection or one whose plans have gone generic. The first column is the
+// horizon, on every row; an empty page comes back as one row with NULLs.
+// MATERIALIZED takes the horizon once, for the filter and the first column
+// alike.
 const ReadSQL = `
-WITH w AS (
-    SELECT $1::text::xid8 AS lo,
-           coalesce($2::text::xid8, pg_snapshot_xmin(pg_current_snapshot())) AS hi
+WITH h AS MATERIALIZED (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi
 )
-SELECT w.hi::text, c.id, c.at, c.kind, c.subject, c.stripe_customer_id,
-       c.event_id, c.before, c.after
-FROM w
+SELECT h.hi::text, c.txid::text, c.id, c.at, c.kind, c.subject,
+       c.stripe_customer_id, c.event_id, c.before, c.after
+FROM h
 LEFT JOIN LATERAL (
     SELECT * FROM changes
-    WHERE txid >= w.lo AND txid < w.hi AND id > $3
-    ORDER BY id
-    LIMIT $4
+    WHERE (txid, id) > ($1::text::xid8, $2::bigint) AND txid < h.hi
+    ORDER BY txid, id
+    LIMIT $3
 ) c ON true
-ORDER BY c.id`
+ORDER BY c.txid, c.id`
+
+// readWindowSQL finishes a window of the first release's cursor (Cursor.Hi
+// set): the changes with txid in [$1, $2) after id $3, by id, as that
+// release read them. A consumer reads it at most once, on its first read
+// after the upgrade; the window's last page walks the ids after $3.
+const readWindowSQL = `
+SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after
+FROM changes
+WHERE txid >= $1::text::xid8 AND txid < $2::text::xid8 AND id > $3
+ORDER BY id
+LIMIT $4`
 
 // querier is what Read runs on: the pool, or Tail's own connection.
 type querier interface {
@@ -158,53 +201,100 @@ type querier interface {
 }
 
 // Read returns up to limit changes after c, in order, and the cursor to
-// read on from. Fewer than limit changes means the window is done: the
-// next Read opens a new one at the horizon it reached.
+// read on from. Fewer than limit changes means it has read every change
+// below the horizon: the next Read waits for newer ones to pass it.
 func Read(ctx context.Context, q querier, c Cursor, limit int) ([]Change, Cursor, error) {
-	var hi *string
-	if c.Hi != 0 {
-		s := strconv.FormatUint(c.Hi, 10)
-		hi = &s
+	if limit < 1 {
+		return nil, c, nil
 	}
-	rows, err := q.Query(ctx, ReadSQL, strconv.FormatUint(c.Lo, 10), hi, c.Last, limit)
+	var out []Change
+	if c.Hi != 0 {
+		page, err := readWindow(ctx, q, c, limit)
+		if err != nil {
+			return nil, c, err
+		}
+		if len(page) == limit {
+			return page, page[len(page)-1].Cursor, nil
+		}
+		// The window is done: every change below its hi has been read.
+		out, c = page, Cursor{Lo: c.Hi}
+	}
+	page, next, err := readAfter(ctx, q, c, limit-len(out))
+	if err != nil {
+		return nil, c, err
+	}
+	return append(out, page...), next, nil
+}
+
+// readAfter runs ReadSQL.
+func readAfter(ctx context.Context, q querier, c Cursor, limit int) ([]Change, Cursor, error) {
+	rows, err := q.Query(ctx, ReadSQL, strconv.FormatUint(c.Lo, 10), c.Last, limit)
 	if err != nil {
 		return nil, c, fmt.Errorf("read changes: %w", err)
 	}
 	defer rows.Close()
 	var out []Change
-	window := c
+	var horizon uint64
 	for rows.Next() {
 		var h string
+		var txid *string
 		var id *int64
 		var ch Change
 		var at *time.Time
 		var kind, subject *string
-		if err := rows.Scan(&h, &id, &at, &kind, &subject, &ch.StripeCustomerID,
+		if err := rows.Scan(&h, &txid, &id, &at, &kind, &subject, &ch.StripeCustomerID,
 			&ch.EventID, &ch.Before, &ch.After); err != nil {
 			return nil, c, fmt.Errorf("read changes: %w", err)
 		}
-		if window.Hi == 0 {
-			if window.Hi, err = strconv.ParseUint(h, 10, 64); err != nil {
-				return nil, c, fmt.Errorf("read changes: horizon %q: %w", h, err)
-			}
-			// The horizon never goes back; should it (a prepared
-			// transaction?), the window is empty rather than inverted.
-			window.Hi = max(window.Hi, window.Lo)
+		if horizon, err = strconv.ParseUint(h, 10, 64); err != nil {
+			return nil, c, fmt.Errorf("read changes: horizon %q: %w", h, err)
 		}
 		if id == nil {
-			continue // empty window
+			continue // nothing new below the horizon
 		}
 		ch.ID, ch.At, ch.Kind, ch.Subject = *id, *at, *kind, *subject
-		ch.Cursor = Cursor{Lo: window.Lo, Hi: window.Hi, Last: ch.ID}
+		if ch.Cursor.Lo, err = strconv.ParseUint(*txid, 10, 64); err != nil {
+			return nil, c, fmt.Errorf("read changes: txid %q: %w", *txid, err)
+		}
+		ch.Cursor.Last = ch.ID
 		out = append(out, ch)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, c, fmt.Errorf("read changes: %w", err)
 	}
-	if len(out) == limit && limit > 0 {
+	if len(out) == limit {
 		return out, out[len(out)-1].Cursor, nil
 	}
-	return out, Cursor{Lo: window.Hi}, nil
+	// Every change below the horizon has been read: the cursor moves up to
+	// it, so that Floor follows the horizon on a quiet feed. The horizon
+	// never goes back; should it (a prepared transaction?), c stays.
+	if horizon > c.Lo {
+		return out, Cursor{Lo: horizon}, nil
+	}
+	if len(out) > 0 {
+		return out, out[len(out)-1].Cursor, nil
+	}
+	return out, c, nil
+}
+
+// readWindow runs readWindowSQL.
+func readWindow(ctx context.Context, q querier, c Cursor, limit int) ([]Change, error) {
+	rows, err := q.Query(ctx, readWindowSQL, strconv.FormatUint(c.Lo, 10),
+		strconv.FormatUint(c.Hi, 10), c.Last, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read changes: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Change, error) {
+		var ch Change
+		err := row.Scan(&ch.ID, &ch.At, &ch.Kind, &ch.Subject, &ch.StripeCustomerID,
+			&ch.EventID, &ch.Before, &ch.After)
+		ch.Cursor = Cursor{Lo: c.Lo, Hi: c.Hi, Last: ch.ID}
+		return ch, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read changes: %w", err)
+	}
+	return out, nil
 }
 
 // Tail calls each for every change after c, in order, until it has read
@@ -280,11 +370,11 @@ func pgconnTimeout(err error) bool {
 // index on at bounds the scan without an index of their own on event_id,
 // which every delivery would pay for.
 const changesOfSQL = `
-SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after
+SELECT txid::text, id, at, kind, subject, stripe_customer_id, event_id, before, after
 FROM changes WHERE at BETWEEN $2 AND $3 AND event_id = $1 ORDER BY id`
 
-// ChangesOf returns the changes the event e made, in order. Their cursors
-// are unset: an operator's view, not a position in the feed.
+// ChangesOf returns the changes the event e made, in order, each with the
+// cursor that resumes the feed just after it.
 func (l *Ledger) ChangesOf(ctx context.Context, e Event) ([]Change, error) {
 	last := e.FirstSeenAt
 	if e.FinishedAt != nil && e.FinishedAt.After(last) {
@@ -296,7 +386,12 @@ func (l *Ledger) ChangesOf(ctx context.Context, e Event) ([]Change, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Change, error) {
 		var c Change
-		err := row.Scan(&c.ID, &c.At, &c.Kind, &c.Subject, &c.StripeCustomerID, &c.EventID, &c.Before, &c.After)
+		var txid string
+		if err := row.Scan(&txid, &c.ID, &c.At, &c.Kind, &c.Subject, &c.StripeCustomerID, &c.EventID, &c.Before, &c.After); err != nil {
+			return c, err
+		}
+		lo, err := strconv.ParseUint(txid, 10, 64)
+		c.Cursor = Cursor{Lo: lo, Last: c.ID}
 		return c, err
 	})
 	if err != nil {

@@ -402,15 +402,100 @@ func TestTailFollow(t *testing.T) {
 
 func TestCursorRoundTrip(t *testing.T) {
 	t.Parallel()
-	for _, c := range []ledger.Cursor{{}, {Lo: 5}, {Lo: 5, Hi: 9, Last: 123}} {
+	for _, c := range []ledger.Cursor{{}, {Lo: 5}, {Lo: 5, Last: 7}, {Lo: 5, Hi: 9, Last: 123}} {
 		got, err := ledger.ParseCursor(c.String())
 		if err != nil || got != c {
 			t.Errorf("ParseCursor(%q) = %v, %v", c, got, err)
 		}
 	}
-	for _, s := range []string{"x", "c1.1.2", "c2.1.2.3", "c1.9.2.3", "c1.a.0.0"} {
+	// The first release's cursors: between windows, and inside one.
+	for s, want := range map[string]ledger.Cursor{
+		"c1.741.0.0":     {Lo: 741},
+		"c1.741.743.12":  {Lo: 741, Hi: 743, Last: 12},
+		"c2.741.12":      {Lo: 741, Last: 12},
+		"":               {},
+		"c1.0.0.0":       {},
+		"c2.99999999.99": {Lo: 99999999, Last: 99},
+	} {
+		if got, err := ledger.ParseCursor(s); err != nil || got != want {
+			t.Errorf("ParseCursor(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"x", "c1.1.2", "c2.1.2.3", "c2.1", "c1.9.2.3", "c1.a.0.0", "c1.5.0.3", "c2.5.-1", "c3.1.2"} {
 		if _, err := ledger.ParseCursor(s); !errors.Is(err, ledger.ErrCursor) {
 			t.Errorf("ParseCursor(%q) = %v, want ErrCursor", s, err)
 		}
+	}
+}
+
+// TestFirstReleaseCursor: a cursor the first release printed inside a
+// window (c1.lo.hi.last: the window's changes up to id last have been
+// read) goes on with the rest of that window, then after it, reading
+// nothing twice and skipping nothing.
+func TestFirstReleaseCursor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, write(t, pool, "cus_"+strconv.Itoa(i%2), "evt_"+strconv.Itoa(i), strconv.Itoa(i)))
+	}
+	// The window the first release would have opened over them: its hi a
+	// horizon above all five.
+	var hi uint64
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+			WHERE pg_snapshot_xmin(pg_current_snapshot()) > (SELECT max(txid) FROM changes)`).Scan(&hi)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || time.Now().After(deadline) {
+			t.Fatalf("horizon above the changes: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := 5; i < 7; i++ { // after the window
+		ids = append(ids, write(t, pool, "cus_"+strconv.Itoa(i%2), "evt_"+strconv.Itoa(i), strconv.Itoa(i)))
+	}
+	printed := "c1.0." + strconv.FormatUint(hi, 10) + "." + strconv.FormatInt(ids[1], 10)
+	start, err := ledger.ParseCursor(printed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, page := range []int{1, 2, 500} {
+		t.Run("page "+strconv.Itoa(page), func(t *testing.T) {
+			c := &consumer{pool: pool, page: page, cursor: start}
+			c.until(t, 5)
+			c.read(t)
+			if diff := cmp.Diff(ids[2:], c.seen); diff != "" {
+				t.Errorf("changes read after %s (-want +got):\n%s", printed, diff)
+			}
+		})
+	}
+}
+
+// TestChangesOfCursor: an event's changes, as events show prints them,
+// each carry the cursor that resumes the feed just after that change.
+func TestChangesOfCursor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	l := ledger.New(pool, 3)
+	first := write(t, pool, "cus_1", "evt_1", "a")
+	second := write(t, pool, "cus_1", "evt_2", "b")
+	e, err := l.Get(ctx, "stripe", "evt_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.ChangesOf(ctx, e)
+	if err != nil || len(got) != 1 || got[0].ID != first {
+		t.Fatalf("ChangesOf(evt_1) = %v, %v; want change %d", got, err, first)
+	}
+	c := &consumer{pool: pool, page: 500, cursor: got[0].Cursor}
+	c.until(t, 1)
+	c.read(t)
+	if diff := cmp.Diff([]int64{second}, c.seen); diff != "" {
+		t.Errorf("read after %s (-want +got):\n%s", got[0].Cursor, diff)
 	}
 }

@@ -116,12 +116,13 @@ func Record(ctx context.Context, tx pgx.Tx, e *Entry, subject string, o Outcome)
 type Ledger struct {
 	pool        *pgxpool.Pool
 	poisonAfter int
+	pace        TrimPace
 }
 
 // New returns a Ledger on pool. poisonAfter is POISON_AFTER: the failed
 // attempts after which an event is dead (0: never).
 func New(pool *pgxpool.Pool, poisonAfter int) *Ledger {
-	return &Ledger{pool: pool, poisonAfter: poisonAfter}
+	return &Ledger{pool: pool, poisonAfter: poisonAfter, pace: TrimPace{Rate: trimRate, Budget: trimBudget}}
 }
 
 // failSQL records a failed attempt after its rollback. The body is the

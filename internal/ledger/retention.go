@@ -15,6 +15,34 @@ import (
 // so deliveries running beside it keep their latency.
 const trimBatch = 1000
 
+// Trim's pace by default. Unpaced, a pass over 900k expired rows of each
+// table took 16 s and wrote 725 MB of WAL: more than max_wal_size lets
+// through between checkpoints, so it forced one, and deliveries stalled
+// for 60-123 ms 15-50 s later (issue 37). At trimRate the same pass writes
+// about 2 MB of WAL a second, which the checkpoints Postgres times itself
+// absorb. trimBudget bounds a pass: a larger backlog (a retention
+// shortened, a service started on an old database) is worked off over
+// several passes, RunRetention's interval apart, rather than in one long
+// burst. At 1M rows every 10 minutes, that is about 140M rows a day,
+// 1,600 a second: far above what deliveries add.
+const (
+	trimRate   = 5000
+	trimBudget = 1_000_000
+)
+
+// TrimPace is how fast Trim deletes: at most Rate rows a second (0: no
+// rate, only the pause after each batch as long as the batch took), and at
+// most Budget rows a pass (0: no budget).
+type TrimPace struct {
+	Rate   int
+	Budget int64
+}
+
+// SetTrimPace replaces the default pace (5,000 rows a second, 1M rows a
+// pass), for a test or a benchmark that trims faster. Call it before the
+// Ledger is shared.
+func (l *Ledger) SetTrimPace(p TrimPace) { l.pace = p }
+
 // trimLockSQL lets one replica trim at a time. The lock is a transaction
 // lock taken per batch, so it can never outlive a connection handed back
 // to the pool, and a replica that finds it held skips its pass: the
@@ -58,18 +86,31 @@ DELETE FROM changes WHERE id IN (SELECT id FROM doomed)`
 var errLockHeld = errors.New("another replica holds the trim lock")
 
 // Trim deletes the rows of webhook_events and changes older than
-// retention, trimBatch at a time, pausing between batches as long as the
-// batch took (so it takes at most about half of one core), and returns how
-// many it deleted. It returns early, with no error, when another replica
-// is trimming.
+// retention, trimBatch at a time, a batch of each table in turn, and
+// returns how many it deleted. It paces itself (TrimPace): after each
+// batch it pauses at least as long as the batch took (so it takes at most
+// about half of one core), and longer if it is ahead of the rate; it stops
+// once the pass's budget is spent, leaving the rest to the next pass. It
+// returns early, with no error, when another replica is trimming.
 func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, changes int64, err error) {
 	cutoff := time.Now().Add(-retention)
-	for _, t := range []struct {
-		sql string
-		n   *int64
-	}{{trimEventsSQL, &events}, {trimChangesSQL, &changes}} {
-		for {
-			start := time.Now()
+	tables := []struct {
+		sql  string
+		n    *int64
+		done bool
+	}{{trimEventsSQL, &events, false}, {trimChangesSQL, &changes, false}}
+	start := time.Now()
+	for {
+		progress := false
+		for i := range tables {
+			t := &tables[i]
+			if t.done {
+				continue
+			}
+			if l.pace.Budget > 0 && events+changes >= l.pace.Budget {
+				return events, changes, nil
+			}
+			began := time.Now()
 			n, err := l.trimBatch(ctx, t.sql, cutoff)
 			*t.n += n
 			if errors.Is(err, errLockHeld) {
@@ -78,17 +119,26 @@ func (l *Ledger) Trim(ctx context.Context, retention time.Duration) (events, cha
 			if err != nil {
 				return events, changes, err
 			}
-			if n < trimBatch {
-				break
+			t.done = n < trimBatch
+			progress = progress || !t.done
+			if t.done {
+				continue
+			}
+			pause := time.Since(began)
+			if l.pace.Rate > 0 {
+				due := start.Add(time.Duration(events+changes) * time.Second / time.Duration(l.pace.Rate))
+				pause = max(pause, time.Until(due))
 			}
 			select {
 			case <-ctx.Done():
 				return events, changes, ctx.Err()
-			case <-time.After(time.Since(start)):
+			case <-time.After(pause):
 			}
 		}
+		if !progress {
+			return events, changes, nil
+		}
 	}
-	return events, changes, nil
 }
 
 func (l *Ledger) trimBatch(ctx context.Context, sql string, cutoff time.Time) (int64, error) {

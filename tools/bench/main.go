@@ -3,7 +3,8 @@
 // starts throwaway Postgres and Redis, builds and starts the service and
 // two ceiling servers, drives them with pre-signed Stripe events, runs
 // pgbench on the service's own upsert, and writes the measured tables to
-// docs/bench-latest.md. docs/PERFORMANCE.md explains them. It runs from the
+// docs/bench-latest.md. docs/PERFORMANCE.md explains them. With -scale N
+// it measures instead how the costs grow with the tables (scale.go). It runs from the
 // module's root, as `go run ./tools/bench` does.
 //
 // Run as `bench ceiling chi|intake ADDR` it is a ceiling server.
@@ -37,6 +38,7 @@ type options struct {
 	goBin, serviceEnv string
 	against           string
 	durable           bool
+	scale             int
 }
 
 // postgres says how the harness's Postgres is set up, for the reports.
@@ -63,6 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.goBin, "go", "go", "go command, to build the service")
 	fs.StringVar(&o.serviceEnv, "service-env", "", "extra environment for the service, comma-separated KEY=VALUE (e.g. GOGC=200)")
 	fs.BoolVar(&o.durable, "durable", false, "run Postgres with its own durability (fsync, synchronous_commit and full_page_writes on)\nas production does, instead of dbtest's fast settings")
+	fs.IntVar(&o.scale, "scale", 0, "instead, grow the tables to 0, N/10 and N subscriptions and measure each size:\ndeliveries, access lookups, feed pages, retention of 0.9 N expired rows, disk per row (make bench-scale)")
 	fs.StringVar(&o.against, "against", "", "instead, compare first deliveries with the build of the module in this directory\n(a git worktree of the commit before a change), in alternating rounds")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -77,6 +80,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	h := &harness{o: o, log: stderr, started: time.Now()}
 	defer h.close()
+	if o.scale > 0 {
+		r, err := h.scale(ctx)
+		if err != nil {
+			return err
+		}
+		return h.write(r, stdout)
+	}
 	if o.against != "" {
 		c, err := h.compare(ctx)
 		if err != nil {
