@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/munchable/munchable-webhooks/internal/claim"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
@@ -21,7 +23,7 @@ var version = "dev"
 
 func main() {
 	// go-redis's lines are warnings: a pool or dial problem it works around.
-	redis.SetLogger(newRedisLogger(newLogger(os.Stderr, slog.LevelWarn), claimProbeLogEvery))
+	redis.SetLogger(claim.NewRedisLogger(newLogger(os.Stderr, slog.LevelWarn), claim.UsableLogEvery))
 	err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr)
 	switch {
 	case err == nil:
