@@ -125,3 +125,30 @@ func eventsInSlots(t *testing.T, ctx context.Context, cluster *dbtest.RedisClust
 	}
 	return out
 }
+
+// TestServiceUnderDocumentedACL: the service binary logged in to Redis as
+// the user of docs/WHERE-IT-RUNS.md's ACL, exactly as written there: its
+// probe works (readiness ok, the gauge 1), Stripe events and a mail are
+// claimed and then answered as duplicates, never degraded.
+func TestServiceUnderDocumentedACL(t *testing.T) {
+	t.Parallel()
+	r := newTopoRig(t)
+	const password = "acl-test-password"
+	server := dbtest.StartRedis(t)
+	dbtest.ApplyACL(t, dbtest.DocumentedACL(t, password), server.Addr())
+	svc := r.serviceOn(map[string]string{
+		"REDIS_URL": "redis://" + dbtest.ACLUser + ":" + password + "@" + server.Addr(),
+	})
+	wantClaimsWork(t, svc)
+	evs := events("acl", 10)
+	r.deliverAll([]*faulttest.Service{svc}, evs, "first")
+	r.deliverAll([]*faulttest.Service{svc}, evs, "duplicate")
+	m := newEmail("acl-mail")
+	r.api.Add(m)
+	for _, want := range []string{"first", "duplicate"} {
+		if a := r.resend(svc, m); !a.OK() || a.Idempotency != want {
+			t.Fatalf("mail under the ACL: %v, want 2xx %s", a, want)
+		}
+	}
+	wantClaimsWork(t, svc)
+}
