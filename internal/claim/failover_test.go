@@ -98,10 +98,7 @@ func TestProbeEveryShard(t *testing.T) {
 	for {
 		err := s.Probe(ctx, "host")
 		var shards *ShardsError
-		if !errors.As(err, &shards) {
-			t.Fatalf("probe with a primary killed = %v, want a *ShardsError", err)
-		}
-		if shards.Slots() == "0-5460" && shards.Of >= 2 {
+		if errors.As(err, &shards) && shards.Slots() == "0-5460" && shards.Of >= 2 {
 			break
 		}
 		if time.Now().After(deadline) {

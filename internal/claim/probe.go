@@ -120,8 +120,17 @@ func (s *Store) probeShards(ctx context.Context, c *redis.ClusterClient, name st
 	// CLUSTER SLOTS, not CLUSTER SHARDS: go-redis reads its own map with
 	// it, so the ACL needs one cluster subcommand, and Redis before 7.0
 	// has no SHARDS.
-	//lint:ignore SA1019 see above
-	ranges, err := c.ClusterSlots(ctx).Result()
+	//
+	// The command goes to one primary, the next in turn each time (go-redis's
+	// round-robin shard picker): a dead one costs a try, not the probe.
+	var ranges []redis.ClusterSlot
+	var err error
+	for range 3 {
+		//lint:ignore SA1019 see above
+		if ranges, err = c.ClusterSlots(ctx).Result(); err == nil || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("claim probe: cluster slots: %w", err)
 	}
