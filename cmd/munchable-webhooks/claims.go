@@ -77,7 +77,7 @@ func (c claimsConfig) validate() []error {
 	var p []error
 	add := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
 	if c.RedisURL == "" {
-		add("REDIS_URL is required: the service's own, %s", redisURLForms)
+		add("REDIS_URL is required: the service's own, %s", claim.RedisURLForms)
 	}
 	c.check(add)
 	return p

@@ -100,8 +100,8 @@ type ClaimConfig struct {
 // so itself.
 func (c ClaimConfig) check(add addProblem) {
 	if c.RedisURL != "" {
-		if _, err := parseRedisURL(string(c.RedisURL)); err != nil {
-			add("REDIS_URL is invalid: %s", redisURLForms)
+		if err := claim.CheckRedisURL(string(c.RedisURL)); err != nil {
+			add("%v", err)
 		}
 	}
 	positive := []struct {
@@ -143,7 +143,7 @@ func (c ClaimConfig) check(add addProblem) {
 // without Redis when REDIS_URL is empty) and a func that closes the
 // connection.
 func (c ClaimConfig) openStore() (*claim.Store, func(), error) {
-	rdb, err := openRedis(string(c.RedisURL), c.RedisTimeout)
+	rdb, err := claim.OpenRedis(string(c.RedisURL), c.RedisTimeout)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -158,48 +158,29 @@ func TestConfigProblems(t *testing.T) {
 	}
 }
 
-// TestRedisURLForms: REDIS_URL takes go-redis's three forms, and each is
-// read as the form it is.
+// TestRedisURLForms: the service starts with REDIS_URL in each of
+// go-redis's three forms (internal/claim reads them) and refuses others
+// without echoing them.
 func TestRedisURLForms(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		url  string
-		want string // single, cluster or failover
-	}{
-		{"redis://127.0.0.1:6379/0", "single"},
-		{"rediss://user:pass@redis.example.com:6380", "single"},
-		{"redis://h1:7000?addr=h2:7001&addr=h3:7002", "cluster"},
-		{"rediss://:pass@h1:7000?addr=h2:7001", "cluster"},
-		{"redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary", "failover"},
-	}
-	for _, tt := range tests {
-		target, err := parseRedisURL(tt.url)
-		if err != nil {
-			t.Errorf("parseRedisURL(%q): %v", tt.url, err)
-			continue
-		}
-		var got []string
-		if target.single != nil {
-			got = append(got, "single")
-		}
-		if target.cluster != nil {
-			got = append(got, "cluster")
-		}
-		if target.failover != nil {
-			got = append(got, "failover")
-		}
-		if strings.Join(got, ",") != tt.want {
-			t.Errorf("parseRedisURL(%q) = %s, want %s", tt.url, got, tt.want)
-		}
+	for _, url := range []string{
+		"redis://127.0.0.1:6379/0",
+		"rediss://user:pass@redis.example.com:6380",
+		"redis://h1:7000?addr=h2:7001&addr=h3:7002",
+		"rediss://:pass@h1:7000?addr=h2:7001",
+		"redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary",
+	} {
 		env := validEnv()
-		env["REDIS_URL"] = tt.url
+		env["REDIS_URL"] = url
 		if _, err := loadConfig(environ(env)); err != nil {
-			t.Errorf("loadConfig with REDIS_URL=%s: %v", tt.url, err)
+			t.Errorf("loadConfig with REDIS_URL=%s: %v", url, err)
 		}
 	}
-	o, _ := parseRedisURL("redis://s1:26379?master_name=mymaster&addr=s2:26379&password=primary")
-	if o.failover.MasterName != "mymaster" || len(o.failover.SentinelAddrs) != 2 || o.failover.Password != "primary" {
-		t.Errorf("sentinel URL read as %+v", o.failover)
+	env := validEnv()
+	env["REDIS_URL"] = "redis://s1:26379?master_name=&password=hunter2"
+	_, err := loadConfig(environ(env))
+	if err == nil || !strings.Contains(err.Error(), "REDIS_URL is invalid") || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("loadConfig with an empty master_name: %v, want REDIS_URL refused without the URL", err)
 	}
 }
 

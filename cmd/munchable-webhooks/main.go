@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
@@ -23,7 +24,7 @@ var version = "dev"
 
 func main() {
 	// go-redis's lines are warnings: a pool or dial problem it works around.
-	redis.SetLogger(newRedisLogger(newLogger(os.Stderr, slog.LevelWarn), claimProbeLogEvery))
+	redis.SetLogger(claim.NewRedisLogger(newLogger(os.Stderr, slog.LevelWarn), claim.UsableLogEvery))
 	err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr)
 	switch {
 	case err == nil:

@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
 	"github.com/munchable/munchable-webhooks/internal/support"
@@ -17,7 +18,7 @@ import (
 type routes struct {
 	// readyz reports on these.
 	postgres *postgresProbe
-	claims   *claimProbe
+	claims   *claim.Usable
 	draining *atomic.Bool
 	// metrics is nil when METRICS_ADDR serves it on a listener of its own.
 	metrics http.Handler

@@ -7,11 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,8 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stripe/stripe-go/v79/client"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
@@ -78,9 +74,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	}()
 
 	registry := newRegistry()
-	claimsUsable := newClaimProbe(claims, logger)
-	registry.MustRegister(claimsUsable.gauge())
-	_ = claimsUsable.check(ctx) // logs why when claims do not work yet
+	claimsUsable := claim.NewUsable(claims, logger)
+	registry.MustRegister(claimsUsable.Gauge())
+	_ = claimsUsable.Check(ctx) // logs why when claims do not work yet
 	// Both providers' bodies and the form's share one deadline and one
 	// memory budget.
 	bodies := intake.New(intake.Config{
@@ -482,200 +478,4 @@ func requireSessions(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
-}
-
-// redisURLForms is what REDIS_URL may be, for the messages that refuse it.
-const redisURLForms = "want redis[s]://[user:password@]host:port[/db] (one node, or any one node of a cluster)," +
-	" redis[s]://host:port?addr=host2:port2&addr=host3:port3 (a cluster)" +
-	" or redis[s]://[user:password@]sentinel:26379?master_name=NAME&addr=sentinel2:26379[&password=P] (Sentinel)"
-
-// redisTarget is REDIS_URL read in one of go-redis's three forms: exactly
-// one field is set.
-type redisTarget struct {
-	single   *redis.Options
-	cluster  *redis.ClusterOptions
-	failover *redis.FailoverOptions
-}
-
-// parseRedisURL reads REDIS_URL as go-redis reads each form: master_name
-// makes it Sentinel (redis.ParseFailoverURL), addr a cluster
-// (redis.ParseClusterURL), anything else one node (redis.ParseURL), which
-// openRedis may still find to be a cluster node.
-func parseRedisURL(raw string) (redisTarget, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return redisTarget{}, err
-	}
-	q := u.Query()
-	switch {
-	case q.Has("master_name"):
-		if q.Get("master_name") == "" {
-			return redisTarget{}, errors.New("empty master_name")
-		}
-		o, err := redis.ParseFailoverURL(raw)
-		return redisTarget{failover: o}, err
-	case q.Has("addr"):
-		o, err := redis.ParseClusterURL(raw)
-		return redisTarget{cluster: o}, err
-	}
-	o, err := redis.ParseURL(raw)
-	return redisTarget{single: o}, err
-}
-
-// openRedis returns nil for an empty URL: claims disabled. A one-node URL
-// is asked (INFO cluster, within the timeout) whether it names a cluster
-// node, and if so is followed as a cluster: a plain client there would be
-// answered MOVED for most keys. When the node does not answer, it is taken
-// for a single node; the claim probe then shows whether claims work.
-func openRedis(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
-	if rawURL == "" {
-		return nil, nil
-	}
-	target, err := parseRedisURL(rawURL)
-	if err != nil {
-		return nil, errors.New("REDIS_URL is invalid: " + redisURLForms) // the error would echo the URL
-	}
-	uo := target.universal()
-	rdb := newRedisClient(uo, timeout)
-	if target.single != nil {
-		if node, ok := rdb.(*redis.Client); ok && isClusterNode(node, timeout) {
-			_ = rdb.Close()
-			uo.IsClusterMode = true
-			rdb = newRedisClient(uo, timeout)
-		}
-	}
-	return rdb, nil
-}
-
-// universal is the target as go-redis's one options type: where it names
-// a primary's sentinels, a cluster, or one node.
-func (t redisTarget) universal() *redis.UniversalOptions {
-	switch {
-	case t.failover != nil:
-		o := t.failover
-		return &redis.UniversalOptions{
-			MasterName: o.MasterName, Addrs: o.SentinelAddrs,
-			SentinelUsername: o.SentinelUsername, SentinelPassword: o.SentinelPassword,
-			Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLSConfig,
-			ClientName: o.ClientName, Protocol: o.Protocol,
-		}
-	case t.cluster != nil:
-		o := t.cluster
-		return &redis.UniversalOptions{
-			Addrs: o.Addrs, Username: o.Username, Password: o.Password,
-			TLSConfig: o.TLSConfig, ClientName: o.ClientName, Protocol: o.Protocol,
-			IsClusterMode: true,
-		}
-	}
-	o := t.single
-	return &redis.UniversalOptions{
-		Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password,
-		DB: o.DB, TLSConfig: o.TLSConfig, ClientName: o.ClientName, Protocol: o.Protocol,
-	}
-}
-
-// isClusterNode asks a node whether it runs in cluster mode.
-func isClusterNode(rdb *redis.Client, timeout time.Duration) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	info, err := rdb.Info(ctx, "cluster").Result()
-	return err == nil && strings.Contains(info, "cluster_enabled:1")
-}
-
-// newRedisClient is the client of every form, with the settings below.
-// Every call is bounded by REDIS_TIMEOUT and never retried: a slow Redis
-// must degrade a delivery quickly, not multiply its wait.
-//
-// go-redis also retries a failed dial (5 times, 100 ms apart, by default),
-// which made each delivery wait ~250-400 ms while Redis was down. One
-// attempt fails fast; the cost is that recovery is noticed within about a
-// second instead of at once.
-//
-// A claim's commands and replies are a few hundred bytes, but go-redis
-// gives every connection 32 KiB read and write buffers: with 64 deliveries
-// in flight that was 4 MiB, most of the heap (heap profile under 64
-// concurrent duplicates). 1 KiB holds any claim command or reply; a bigger
-// reply just takes more reads.
-//
-// A cluster client's nodes never retry either (MaxRetries -1), but the
-// cluster client's own loop runs MaxRedirects+1 times and spends its extra
-// turns both on MOVED/ASK redirects and on repeating a command after a
-// network error (go-redis osscluster.go, process): -1 would leave no turn
-// for a redirect, so a resharded or failed-over slot would fail every
-// claim. One turn follows one redirect, or repeats a command once, inside
-// the same REDIS_TIMEOUT deadline. A repeated claim script finds its own
-// processing claim and answers in progress (409), never a wrong 2xx. The
-// other forms do not read MaxRedirects.
-func newRedisClient(o *redis.UniversalOptions, timeout time.Duration) redis.UniversalClient {
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
-	o.ContextTimeoutEnabled = true
-	o.MaxRetries = -1
-	o.MaxRedirects = 1
-	o.DialerRetries = 1
-	o.PoolSize = 64
-	o.ReadBufferSize, o.WriteBufferSize = 1<<10, 1<<10
-	o.MinIdleConns = 4
-	o.DisableIdentity = true
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewUniversalClient(o)
-}
-
-// redisLogger routes go-redis's own lines (pool and dial trouble) into JSON
-// logs. go-redis has one package-level logger and no per-client option, so
-// main sets it once, before anything runs: setting it here, per client,
-// raced with the clients of commands that tests run side by side.
-//
-// A line is written at most once per every, with the count of its
-// repeats held back since: while Redis is unreachable or its certificate
-// untrusted, go-redis logs the same failed dial for every delivery,
-// readiness probe and scrape, and the claim probe already names the reason
-// once a minute. A line that says something new (a failover's "new
-// master" with its address) is another line and goes out at once.
-type redisLogger struct {
-	l     *slog.Logger
-	every time.Duration
-	now   func() time.Time
-
-	mu   sync.Mutex
-	last map[string]redisLine // by the line's text
-}
-
-type redisLine struct {
-	at   time.Time
-	held int
-}
-
-// redisLinesKept bounds redisLogger's memory: past it, lines last written
-// over an interval ago are forgotten (their held-back counts with them).
-const redisLinesKept = 256
-
-func newRedisLogger(l *slog.Logger, every time.Duration) *redisLogger {
-	return &redisLogger{l: l, every: every, now: time.Now, last: map[string]redisLine{}}
-}
-
-func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	msg := fmt.Sprintf(format, v...)
-	r.mu.Lock()
-	now := r.now()
-	prev, seen := r.last[msg]
-	if seen && now.Sub(prev.at) < r.every {
-		prev.held++
-		r.last[msg] = prev
-		r.mu.Unlock()
-		return
-	}
-	if len(r.last) >= redisLinesKept {
-		for k, line := range r.last {
-			if now.Sub(line.at) >= r.every {
-				delete(r.last, k)
-			}
-		}
-	}
-	r.last[msg] = redisLine{at: now}
-	r.mu.Unlock()
-	attrs := []any{"component", "go-redis"}
-	if prev.held > 0 {
-		attrs = append(attrs, "held_back", prev.held)
-	}
-	r.l.WarnContext(ctx, msg, attrs...)
 }

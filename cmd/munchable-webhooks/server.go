@@ -38,8 +38,8 @@ func handleHealthz() http.HandlerFunc {
 // Redis is reported but never fails readiness: without it the service
 // fails open, and pulling every replica out of the load balancer would turn
 // a degraded service into a dead one. Redis is "ok" only when a claim
-// works there (claimProbe), not merely when something answers PING.
-func handleReadyz(postgres *postgresProbe, claims *claimProbe, draining *atomic.Bool) http.Handler {
+// works there (claim.Usable), not merely when something answers PING.
+func handleReadyz(postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool) http.Handler {
 	type report struct {
 		Ready    bool   `json:"ready"`
 		Draining bool   `json:"draining"`
@@ -59,10 +59,15 @@ func handleReadyz(postgres *postgresProbe, claims *claimProbe, draining *atomic.
 		// Not ctx: a hung Postgres must not make Redis look down. The probe
 		// has its own REDIS_TIMEOUT. The reason is logged, not answered:
 		// it may name internal addresses.
-		switch err := claims.check(r.Context()); {
+		var shards *claim.ShardsError
+		switch err := claims.Check(r.Context()); {
 		case err == nil:
 		case errors.Is(err, claim.ErrNoRedis):
 			rep.Redis = "not configured: deliveries run degraded"
+		case errors.As(err, &shards):
+			// Slot ranges name no address.
+			rep.Redis = fmt.Sprintf("unusable on slots %s (%d of %d shards): deliveries whose keys hash there run degraded (the log says why)",
+				shards.Slots(), len(shards.Failed), shards.Of)
 		default:
 			rep.Redis = "unusable: deliveries run degraded (the log says why)"
 		}

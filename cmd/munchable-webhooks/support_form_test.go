@@ -173,7 +173,7 @@ func TestReadyzBusyPool(t *testing.T) {
 	}
 	probe := newPostgresProbe(pool)
 	t.Cleanup(probe.close)
-	h := handleReadyz(probe, newClaimProbe(claim.NewStore(nil, claim.StoreConfig{}), slog.New(slog.DiscardHandler)), new(atomic.Bool))
+	h := handleReadyz(probe, claim.NewUsable(claim.NewStore(nil, claim.StoreConfig{}), slog.New(slog.DiscardHandler)), new(atomic.Bool))
 	for i := range 2 { // the second reuses the probe's connection
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -69,6 +70,9 @@ type Store struct {
 	prefix        string
 	timeout       time.Duration
 	processingTTL time.Duration
+
+	probeKeysMu sync.Mutex
+	probeKeys   map[[2]int]string // a cluster's probe keys, by slot range
 }
 
 // StoreConfig configures a Store.
@@ -207,37 +211,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return s.rdb.Ping(ctx).Err()
-}
-
-// probeTTL is how long a probe key lives: long enough to be seen by an
-// operator wondering what it is, short enough never to pile up.
-const probeTTL = 30 * time.Second
-
-// ProbeKey is the key Probe claims for name (the host's name, in the
-// service): {prefix}:probe:{name}.
-func (s *Store) ProbeKey(name string) string { return s.prefix + ":probe:" + name }
-
-// Probe runs the claim script on a key of its own, the way a delivery's
-// claim runs it, and reports whether that worked within the timeout. A
-// PING says only that something answers: a cluster node that does not own
-// the key (MOVED), a replica (READONLY), a sentinel's port (unknown
-// command) or a wrong password fail a claim while PING may pass. The key
-// holds "probe", which no claim parses, for probeTTL.
-func (s *Store) Probe(ctx context.Context, name string) error {
-	if s.rdb == nil {
-		return ErrNoRedis
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	key := s.ProbeKey(name)
-	res, err := claimScript.Run(ctx, s.rdb, []string{key}, "probe", probeTTL.Milliseconds()).Slice()
-	if err != nil {
-		return fmt.Errorf("claim probe %s: %w", key, err)
-	}
-	if len(res) != 1 && len(res) != 3 {
-		return fmt.Errorf("claim probe %s: unexpected reply %v", key, res)
-	}
-	return nil
 }
 
 func newToken() (string, error) {

@@ -22,10 +22,12 @@ import (
 // protected Redis, and PgBouncer in front of Postgres. docs/WHERE-IT-RUNS.md
 // says what was tested on each.
 
-// RedisCluster is a Redis Cluster of three primaries, no replicas, with the
-// 16384 slots split evenly between them.
+// RedisCluster is a Redis Cluster of three primaries with the 16384 slots
+// split evenly between them, and, from StartRedisClusterReplicated, a
+// replica of each.
 type RedisCluster struct {
-	Nodes []*RedisServer
+	Nodes    []*RedisServer // the primaries, as started
+	Replicas []*RedisServer // Replicas[i] replicates Nodes[i], as started; a failover swaps roles
 }
 
 // URL is the cluster's URL in go-redis's cluster form
@@ -41,7 +43,7 @@ func (c *RedisCluster) URL() string {
 	return u
 }
 
-// Addrs are the nodes' host:port.
+// Addrs are the primaries' host:port.
 func (c *RedisCluster) Addrs() []string {
 	out := make([]string, len(c.Nodes))
 	for i, n := range c.Nodes {
@@ -56,15 +58,37 @@ func (c *RedisCluster) Addrs() []string {
 // nodes stop in t.Cleanup.
 func StartRedisCluster(t testing.TB) *RedisCluster {
 	t.Helper()
+	return startRedisCluster(t, false)
+}
+
+// StartRedisClusterReplicated is StartRedisCluster with a replica of each
+// primary (CLUSTER REPLICATE), and waits until each replica's link is up.
+// Its node timeout is 2 s, so a killed primary's replica takes over within
+// a few seconds; a replica fails over however stale its data
+// (cluster-replica-validity-factor 0), so a loaded machine cannot stall
+// the failover.
+func StartRedisClusterReplicated(t testing.TB) *RedisCluster {
+	t.Helper()
+	return startRedisCluster(t, true)
+}
+
+func startRedisCluster(t testing.TB, replicated bool) *RedisCluster {
+	t.Helper()
 	c := &RedisCluster{}
-	for range 3 {
+	node := func() *RedisServer {
 		dir := t.TempDir()
-		s := startRedisArgs(t, dir,
+		return startRedisArgs(t, dir,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", "2000",
+			"--cluster-replica-validity-factor", "0",
 		)
-		c.Nodes = append(c.Nodes, s)
+	}
+	for range 3 {
+		c.Nodes = append(c.Nodes, node())
+		if replicated {
+			c.Replicas = append(c.Replicas, node())
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
@@ -77,36 +101,91 @@ func StartRedisCluster(t testing.TB) *RedisCluster {
 func (c *RedisCluster) form(ctx context.Context) error {
 	const slots = 16384
 	per := slots / len(c.Nodes)
-	clients := make([]*redis.Client, len(c.Nodes))
-	for i, n := range c.Nodes {
+	all := append(append([]*RedisServer{}, c.Nodes...), c.Replicas...)
+	clients := make([]*redis.Client, len(all))
+	for i, n := range all {
 		clients[i] = redis.NewClient(&redis.Options{Addr: n.Addr()})
 		defer clients[i].Close()
+	}
+	for i := range c.Nodes {
 		first, last := i*per, (i+1)*per-1
 		if i == len(c.Nodes)-1 {
 			last = slots - 1
 		}
 		if err := clients[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", first, last).Err(); err != nil {
-			return fmt.Errorf("node %s: add slots: %w", n.Addr(), err)
+			return fmt.Errorf("node %s: add slots: %w", c.Nodes[i].Addr(), err)
 		}
 	}
-	for _, n := range c.Nodes[1:] {
+	for _, n := range all[1:] {
 		host, port, _ := net.SplitHostPort(n.Addr())
 		if err := clients[0].ClusterMeet(ctx, host, port).Err(); err != nil {
 			return fmt.Errorf("meet %s: %w", n.Addr(), err)
 		}
 	}
-	return waitFor(ctx, func() error {
+	known := fmt.Sprintf("cluster_known_nodes:%d", len(all))
+	err := waitFor(ctx, func() error {
 		for i, cl := range clients {
 			info, err := cl.ClusterInfo(ctx).Result()
 			if err != nil {
 				return err
 			}
-			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
-				return fmt.Errorf("node %s not ready:\n%s", c.Nodes[i].Addr(), info)
+			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, known) {
+				return fmt.Errorf("node %s not ready:\n%s", all[i].Addr(), info)
 			}
 		}
 		return nil
 	})
+	if err != nil || len(c.Replicas) == 0 {
+		return err
+	}
+	for i := range c.Replicas {
+		id, err := clients[i].ClusterMyID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		replica := clients[len(c.Nodes)+i]
+		// A node that has not yet heard of the primary through gossip
+		// answers "Unknown node": ask again.
+		if err := waitFor(ctx, func() error { return replica.ClusterReplicate(ctx, id).Err() }); err != nil {
+			return fmt.Errorf("replicate %s on %s: %w", c.Nodes[i].Addr(), c.Replicas[i].Addr(), err)
+		}
+	}
+	return waitFor(ctx, func() error {
+		for i := range c.Replicas {
+			info, err := clients[len(c.Nodes)+i].Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "master_link_status:up") {
+				return fmt.Errorf("replica %s not linked:\n%s", c.Replicas[i].Addr(), info)
+			}
+		}
+		for _, cl := range clients {
+			if info, err := cl.ClusterInfo(ctx).Result(); err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return fmt.Errorf("cluster not ok: %v %s", err, info)
+			}
+		}
+		return nil
+	})
+}
+
+// PromotedAt waits until replica i answers ROLE as a primary (its primary
+// failed and it was elected) and returns when it first saw that, polling
+// every 20 ms.
+func (c *RedisCluster) PromotedAt(ctx context.Context, i int) (time.Time, error) {
+	cl := redis.NewClient(&redis.Options{Addr: c.Replicas[i].Addr(), MaxRetries: -1})
+	defer cl.Close()
+	for {
+		role, err := cl.Do(ctx, "ROLE").Slice()
+		if err == nil && len(role) > 0 && role[0] == "master" {
+			return time.Now(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("replica %s not promoted: %w (ROLE %v, %v)", c.Replicas[i].Addr(), ctx.Err(), role, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // StartRedisWithPassword starts a redis-server that requires password

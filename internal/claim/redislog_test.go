@@ -1,11 +1,10 @@
-package main
+package claim
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -20,7 +19,7 @@ func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	r := newRedisLogger(newLogger(&buf, slog.LevelWarn), time.Minute)
+	r := NewRedisLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), time.Minute)
 	r.now = func() time.Time { return now }
 	ctx := context.Background()
 	const dial = "redis: connection pool: failed to dial after %d attempts: %v"
@@ -71,7 +70,7 @@ func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 func TestRedisLoggerForgets(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	r := newRedisLogger(newLogger(io.Discard, slog.LevelWarn), time.Minute)
+	r := NewRedisLogger(slog.New(slog.DiscardHandler), time.Minute)
 	r.now = func() time.Time { return now }
 	for i := range 3 * redisLinesKept {
 		r.Printf(context.Background(), "conn[%d] has nil state machine, removing it", i)
