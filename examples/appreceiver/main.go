@@ -85,21 +85,27 @@ type webhook struct {
 }
 
 // record is what the app knows of one row of the service (a subscription,
-// a checkout session, a customer's features): the fields of every change
-// merged in order. A change holds only the fields that moved, and all of
-// them only when the row is new (before is null): whole says the app saw
-// that first change, so that a field it lacks is null, not unknown.
+// a checkout session, a customer's features): the fields of its changes
+// merged. A change holds only the fields that moved, and all of them only
+// when the row is new (before is null): whole says the app saw that first
+// change, so that a field it lacks is null, not unknown.
+//
+// The service sends one row's changes in order, but a change that went
+// dead (the app refused it) and was retried by hand arrives after later
+// ones: each field keeps the id of the change that set it, and an older
+// change does not overwrite a newer one's value.
 type record struct {
 	fields map[string]json.RawMessage
+	setBy  map[string]int64 // change id per field
 	whole  bool
 	// customer is the change's stripe_customer_id, which every change
 	// carries, whatever fields moved.
 	customer string
 }
 
-func (r *record) merge(customer *string, before json.RawMessage, after map[string]json.RawMessage) {
+func (r *record) merge(id int64, customer *string, before json.RawMessage, after map[string]json.RawMessage) {
 	if r.fields == nil {
-		r.fields = map[string]json.RawMessage{}
+		r.fields, r.setBy = map[string]json.RawMessage{}, map[string]int64{}
 	}
 	if customer != nil {
 		r.customer = *customer
@@ -108,7 +114,9 @@ func (r *record) merge(customer *string, before json.RawMessage, after map[strin
 		r.whole = true
 	}
 	for k, v := range after {
-		r.fields[k] = v
+		if id > r.setBy[k] {
+			r.fields[k], r.setBy[k] = v, id
+		}
 	}
 }
 
@@ -198,7 +206,7 @@ func (a *app) apply(hook webhook) {
 		rec = &record{}
 		into[d.Subject] = rec
 	}
-	rec.merge(d.StripeCustomerID, d.Before, d.After)
+	rec.merge(d.ID, d.StripeCustomerID, d.Before, d.After)
 }
 
 // subscriptionAccess is one subscription's answer.

@@ -53,7 +53,7 @@ var (
 	subCanceled = change(5, ledger.KindSubscription, "sub_1", "cus_1",
 		`{"status":"active","canceled_at":null,"ended_at":null,"access_ends_at":null}`,
 		`{"status":"canceled","canceled_at":"2026-03-01T11:00:00+00:00","ended_at":"2026-03-01T11:00:00+00:00","access_ends_at":"2026-03-01T11:00:00+00:00"}`)
-	supportMessage = change(6, ledger.KindSupportMessage, "77", "", "", `{"id":77,"source":"form"}`)
+	supportMessage = change(6, ledger.KindSupportMessage, "77", "", "", `{"id":77,"source":"web"}`)
 	// A subscription whose creation the app never saw (it joined later).
 	subMidLife = change(7, ledger.KindSubscription, "sub_9", "cus_9", `{"status":"past_due"}`, `{"status":"active"}`)
 )
@@ -128,7 +128,9 @@ func TestReceiverAnswersFromWebhooks(t *testing.T) {
 		{"a feature grants its key", nil, "customer=cus_1&key=export",
 			access{Customers: []string{"cus_1"}, HasAccess: true, MayUse: true, Features: []string{"export"},
 				Subscriptions: []sub{{"sub_1", "trialing", true, true}}}},
-		{"active, then canceled at once", []ledger.Change{subActive, subCanceled, supportMessage}, "user=42&key=pro",
+		// subActive was refused (dead) and is retried by hand after
+		// subCanceled went through: it must not bring the subscription back.
+		{"canceled, then an older change late", []ledger.Change{subCanceled, subActive, supportMessage}, "user=42&key=pro",
 			access{Customers: []string{"cus_1"}, Features: []string{"export"},
 				Subscriptions: []sub{{"sub_1", "canceled", false, true}}}},
 		// The service sends a change again until it hears a 2xx (a lost
@@ -151,8 +153,8 @@ func TestReceiverAnswersFromWebhooks(t *testing.T) {
 	}
 	// Each webhook-id once, in order; the redelivery is not among them.
 	want := "appreceiver: chg_1 subscription.changed sub_1\nappreceiver: chg_2 checkout_session.changed cs_1\n" +
-		"appreceiver: chg_3 customer_features.changed cus_1\nappreceiver: chg_4 subscription.changed sub_1\n" +
-		"appreceiver: chg_5 subscription.changed sub_1\nappreceiver: chg_6 support_message.changed 77\n" +
+		"appreceiver: chg_3 customer_features.changed cus_1\nappreceiver: chg_5 subscription.changed sub_1\n" +
+		"appreceiver: chg_4 subscription.changed sub_1\nappreceiver: chg_6 support_message.changed 77\n" +
 		"appreceiver: chg_7 subscription.changed sub_9\n"
 	if diff := cmp.Diff(want, out.String()); diff != "" {
 		t.Errorf("handled (-want +got):\n%s", diff)

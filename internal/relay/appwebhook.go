@@ -210,6 +210,7 @@ func (a *AppWebhook) Deliver(ctx context.Context, ch ledger.Change) (string, err
 		return "", fmt.Errorf("%w: build the request for %s", ErrPermanent, id)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "munchable-webhooks")
 	req.Header.Set("webhook-id", id)
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set("webhook-signature", sig)

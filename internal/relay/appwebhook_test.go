@@ -206,7 +206,7 @@ func TestAppWebhookBody(t *testing.T) {
 	t.Parallel()
 	created := ledger.Change{
 		ID: 7, At: time.Date(2026, 2, 22, 9, 0, 0, 0, time.UTC), Kind: ledger.KindSupportMessage, Subject: "41",
-		After: json.RawMessage(`{"id":41,"source":"form"}`), Cursor: ledger.Cursor{Lo: 9},
+		After: json.RawMessage(`{"id":41,"source":"web"}`), Cursor: ledger.Cursor{Lo: 9},
 	}
 	tests := []struct {
 		name string
@@ -218,7 +218,7 @@ func TestAppWebhookBody(t *testing.T) {
 			`"at":"2026-02-22T10:00:00.123456Z","before":{"status":"trialing"},"after":{"status":"active"}}}`},
 		{"a new row, no customer, no event", created, `{"type":"support_message.changed","timestamp":"2026-02-22T09:00:00Z",` +
 			`"data":{"id":7,"kind":"support_message","subject":"41","stripe_customer_id":null,"event_id":null,` +
-			`"at":"2026-02-22T09:00:00Z","before":null,"after":{"id":41,"source":"form"}}}`},
+			`"at":"2026-02-22T09:00:00Z","before":null,"after":{"id":41,"source":"web"}}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
