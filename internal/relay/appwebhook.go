@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,11 +78,15 @@ func NewAppWebhook(cfg AppWebhookConfig) (*AppWebhook, error) {
 	if !strings.HasPrefix(cfg.Secret, "whsec_") {
 		return nil, errors.New("app webhook secret: want whsec_ and base64")
 	}
-	signer, err := svix.NewWebhook(cfg.Secret)
+	// base64's own error quotes the offending byte of the secret: not
+	// repeated here.
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(cfg.Secret, "whsec_"))
+	if err != nil || len(key) < 24 || len(key) > 64 {
+		return nil, errors.New("app webhook secret: want whsec_ and 24 to 64 bytes in base64 (the Standard Webhooks bounds)")
+	}
+	signer, err := svix.NewWebhookRaw(key)
 	if err != nil {
-		// svix's error is base64's, which quotes the offending byte of
-		// the secret: not repeated here.
-		return nil, errors.New("app webhook secret: want whsec_ and base64")
+		return nil, errors.New("app webhook secret: refused by svix")
 	}
 	if len(cfg.Kinds) == 0 {
 		return nil, errors.New("app webhook kinds: want at least one")

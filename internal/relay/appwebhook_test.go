@@ -455,6 +455,9 @@ func TestNewAppWebhookRefuses(t *testing.T) {
 		{"no host", func(c *relay.AppWebhookConfig) { c.URL = "https:///hooks" }},
 		{"secret without whsec_", func(c *relay.AppWebhookConfig) { c.Secret = strings.TrimPrefix(appSecret, "whsec_") }},
 		{"secret not base64", func(c *relay.AppWebhookConfig) { c.Secret = "whsec_" + string(appSecretKey) }},
+		{"secret too short", func(c *relay.AppWebhookConfig) {
+			c.Secret = "whsec_" + base64.StdEncoding.EncodeToString(appSecretKey[:23])
+		}},
 		{"unknown kind", func(c *relay.AppWebhookConfig) { c.Kinds = []string{"invoice"} }},
 		{"no kinds", func(c *relay.AppWebhookConfig) { c.Kinds = nil }},
 	}
