@@ -91,7 +91,7 @@ func newAppWebhook(t *testing.T, url string, kinds ...string) *relay.AppWebhook 
 	return a
 }
 
-func strp(s string) *string { return &s }
+func appStrp(s string) *string { return &s }
 
 // appChange is a subscription's change as the feed holds it: sub_2 going
 // from trialing to active.
@@ -99,16 +99,16 @@ func appChange(id int64) ledger.Change {
 	at := time.Date(2026, 2, 22, 10, 0, 0, 123456000, time.UTC)
 	return ledger.Change{
 		ID: id, At: at, Kind: ledger.KindSubscription, Subject: "sub_2",
-		StripeCustomerID: strp("cus_2"), EventID: strp("evt_1"),
+		StripeCustomerID: appStrp("cus_2"), EventID: appStrp("evt_1"),
 		Before: json.RawMessage(`{"status":"trialing"}`), After: json.RawMessage(`{"status":"active"}`),
 		Cursor: ledger.Cursor{Lo: 741, Hi: 743, Last: id},
 	}
 }
 
-// verifyByHand checks a Standard Webhooks signature from the spec alone
+// appVerifyByHand checks a Standard Webhooks signature from the spec alone
 // (HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}", base64,
 // "v1," and space-separated), not through the library that signed.
-func verifyByHand(key []byte, h http.Header, body []byte) error {
+func appVerifyByHand(key []byte, h http.Header, body []byte) error {
 	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
 	if id == "" || ts == "" || sigs == "" {
 		return errors.New("missing webhook-id, webhook-timestamp or webhook-signature")
@@ -148,11 +148,11 @@ func TestStandardWebhooksVector(t *testing.T) {
 	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", strconv.Itoa(ts))
 	h.Set("webhook-signature", "v1,bm90IGl0 "+want)
-	if err := verifyByHand(key, h, []byte(body)); err != nil {
+	if err := appVerifyByHand(key, h, []byte(body)); err != nil {
 		t.Errorf("hand verifier refuses the spec's vector: %v", err)
 	}
 	h.Set("webhook-signature", "v1,bm90IGl0")
-	if err := verifyByHand(key, h, []byte(body)); err == nil {
+	if err := appVerifyByHand(key, h, []byte(body)); err == nil {
 		t.Error("hand verifier accepts a wrong signature")
 	}
 	wh, err := svix.NewWebhook(secret)
@@ -180,10 +180,10 @@ func TestAppWebhookSigned(t *testing.T) {
 		t.Fatalf("app got %d requests, want 1", len(reqs))
 	}
 	r := reqs[0]
-	if err := verifyByHand(appSecretKey, r.Header, r.Body); err != nil {
+	if err := appVerifyByHand(appSecretKey, r.Header, r.Body); err != nil {
 		t.Errorf("signature does not verify by hand: %v", err)
 	}
-	if err := verifyByHand([]byte("another-secret-of-24byte"), r.Header, r.Body); err == nil {
+	if err := appVerifyByHand([]byte("another-secret-of-24byte"), r.Header, r.Body); err == nil {
 		t.Error("signature verifies with another secret")
 	}
 	ts, _ := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
@@ -353,7 +353,7 @@ func TestAppWebhookOneIDEveryAttempt(t *testing.T) {
 		if !bytes.Equal(r.Body, reqs[0].Body) {
 			t.Errorf("attempt %d: body differs from the first attempt's", i+1)
 		}
-		if err := verifyByHand(appSecretKey, r.Header, r.Body); err != nil {
+		if err := appVerifyByHand(appSecretKey, r.Header, r.Body); err != nil {
 			t.Errorf("attempt %d: %v", i+1, err)
 		}
 	}
