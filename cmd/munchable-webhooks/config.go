@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
+	"github.com/munchable/munchable-webhooks/internal/relay"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 )
 
@@ -69,8 +71,18 @@ type config struct {
 	VerifyInterval time.Duration `env:"VERIFY_INTERVAL" envDefault:"24h"`
 	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5m"`
 
+	// AppWebhookURL, when set, receives every change of AppWebhookKinds
+	// as a Standard Webhook signed with AppWebhookSecret (docs/APP.md).
+	AppWebhookURL       string   `env:"APP_WEBHOOK_URL"`
+	AppWebhookSecret    secret   `env:"APP_WEBHOOK_SECRET"`
+	AppWebhookKinds     []string `env:"APP_WEBHOOK_KINDS" envDefault:"subscription,customer_features,checkout_session,support_message"`
+	AppWebhookAllowHTTP bool     `env:"APP_WEBHOOK_ALLOW_HTTP" envDefault:"false"`
+
 	// Parsed by validate.
-	resendWebhook  *svix.Webhook
+	resendWebhook *svix.Webhook
+	// appWebhook is the relay's app_webhook destination; nil when
+	// APP_WEBHOOK_URL is empty.
+	appWebhook     *relay.AppWebhook
 	resendAPIURL   *url.URL
 	stripeAPIURL   *url.URL
 	inbound        resendhook.Inbound
@@ -310,6 +322,7 @@ func (c *config) validate() []error {
 	c.checkRequired(add)
 	c.parseEndpoints(add)
 	c.parseSupport(add)
+	c.parseAppWebhook(add)
 	c.ClaimConfig.check(add)
 	c.RelayConfig.check(add)
 	c.checkDurations(add)
@@ -384,6 +397,54 @@ func (c *config) parseEndpoints(add addProblem) {
 			add("SUPPORT_FORM_REDIRECT_URL is invalid: want an http(s) URL such as https://munchable.app/support/thanks, or a path such as /thanks")
 		}
 	}
+}
+
+// wantAppWebhookSecret is APP_WEBHOOK_SECRET's form, for the messages
+// that refuse it.
+const wantAppWebhookSecret = "want whsec_ and 24 to 64 random bytes in base64, such as whsec_$(openssl rand -base64 32)"
+
+// parseAppWebhook checks the app's webhook and builds its destination.
+// The URL is never quoted back: its query may hold the app's own token.
+func (c *config) parseAppWebhook(add addProblem) {
+	c.appWebhook = nil
+	bad := false
+	problem := func(format string, args ...any) { bad = true; add(format, args...) }
+	kinds := make([]string, 0, len(c.AppWebhookKinds))
+	for _, k := range c.AppWebhookKinds {
+		k = strings.TrimSpace(k)
+		if !relay.IsChangeKind(k) {
+			problem("APP_WEBHOOK_KINDS has %q: want a comma-separated list of subscription, customer_features, checkout_session, support_message", k)
+		}
+		kinds = append(kinds, k)
+	}
+	if c.AppWebhookURL == "" {
+		return
+	}
+	u, ok := parseHTTPURL(c.AppWebhookURL)
+	switch {
+	case !ok:
+		problem("APP_WEBHOOK_URL is invalid: want an https URL such as https://app.example.com/hooks/munchable")
+	case u.Scheme == "http" && !c.AppWebhookAllowHTTP:
+		problem("APP_WEBHOOK_URL is http: want https (the payloads name customers and their access), or APP_WEBHOOK_ALLOW_HTTP=true for a local app or a test")
+	}
+	secret := string(c.AppWebhookSecret)
+	if secret == "" {
+		problem("APP_WEBHOOK_SECRET is required with APP_WEBHOOK_URL: %s", wantAppWebhookSecret)
+	} else if key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_")); !strings.HasPrefix(secret, "whsec_") || err != nil || len(key) < 24 || len(key) > 64 {
+		// The Standard Webhooks spec's bounds: at least 24 bytes, at most 64.
+		problem("APP_WEBHOOK_SECRET is invalid: %s", wantAppWebhookSecret)
+	}
+	if bad {
+		return
+	}
+	wh, err := relay.NewAppWebhook(relay.AppWebhookConfig{
+		URL: c.AppWebhookURL, Secret: secret, Kinds: kinds, AllowHTTP: c.AppWebhookAllowHTTP,
+	})
+	if err != nil { // checked above; kept so that a new check there is not missed
+		add("APP_WEBHOOK_URL is refused (%v): want an https URL and a whsec_ secret", err)
+		return
+	}
+	c.appWebhook = wh
 }
 
 func parseHTTPURL(s string) (*url.URL, bool) {
@@ -481,6 +542,9 @@ func (c *config) warnings() []string {
 	}
 	if c.ResendDedupeTTL < resendRetryHorizon {
 		w = append(w, "RESEND_DEDUPE_TTL is shorter than Svix's 27h35m retry horizon: late retries will be applied again")
+	}
+	if c.AppWebhookURL == "" && c.AppWebhookSecret != "" {
+		w = append(w, "APP_WEBHOOK_SECRET is set but APP_WEBHOOK_URL is empty: the app's webhook is off")
 	}
 	for _, p := range c.trustedProxies {
 		if doc, ok := documentationRange(p); ok {

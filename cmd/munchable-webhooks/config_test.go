@@ -113,6 +113,16 @@ func TestConfigProblems(t *testing.T) {
 		{"relay schedule", map[string]string{"RELAY_RETRY_SCHEDULE": "5s,-1m"}, nil, []string{"RELAY_RETRY_SCHEDULE has -1m0s"}},
 		{"urls", map[string]string{"RESEND_API_URL": "api.resend.com", "STRIPE_API_URL": "ftp://x", "SUPPORT_FORM_REDIRECT_URL": "thanks", "SUPPORT_FORM_ORIGINS": "munchable.app"}, nil,
 			[]string{"RESEND_API_URL is invalid", "STRIPE_API_URL is invalid", "SUPPORT_FORM_REDIRECT_URL is invalid", `SUPPORT_FORM_ORIGINS has "munchable.app"`}},
+		{"app webhook over http", map[string]string{"APP_WEBHOOK_URL": "http://127.0.0.1:8090/hooks?token=app-token-7", "APP_WEBHOOK_SECRET": appWebhookSecret}, nil,
+			[]string{"APP_WEBHOOK_URL is http: want https"}},
+		{"app webhook without a secret", map[string]string{"APP_WEBHOOK_URL": "https://app.example/hooks"}, nil,
+			[]string{"APP_WEBHOOK_SECRET is required with APP_WEBHOOK_URL"}},
+		{"app webhook secret too short", map[string]string{"APP_WEBHOOK_URL": "https://app.example/hooks", "APP_WEBHOOK_SECRET": "whsec_c2hvcnQ="}, nil,
+			[]string{"APP_WEBHOOK_SECRET is invalid: want whsec_"}},
+		{"app webhook secret without whsec_", map[string]string{"APP_WEBHOOK_URL": "https://app.example/hooks", "APP_WEBHOOK_SECRET": "YXBwLXdlYmhvb2stY29uZmlnLXNlY3JldCE="}, nil,
+			[]string{"APP_WEBHOOK_SECRET is invalid: want whsec_"}},
+		{"app webhook url and kinds", map[string]string{"APP_WEBHOOK_URL": "app.example/hooks?token=app-token-7", "APP_WEBHOOK_SECRET": appWebhookSecret, "APP_WEBHOOK_KINDS": "subscription,invoice"}, nil,
+			[]string{"APP_WEBHOOK_URL is invalid: want an https URL", `APP_WEBHOOK_KINDS has "invoice"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -149,7 +159,7 @@ func TestConfigProblems(t *testing.T) {
 					t.Errorf("%q does not say what is wanted", l)
 				}
 			}
-			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value", "sk_test_123"} {
+			for _, s := range []string{"db-password-42", "whsec_stripe_secret_value", "re_api_key_value", "sk_test_123", "YXBwLXdlYmhvb2stY29uZmlnLXNlY3JldCE", "app-token-7"} {
 				if strings.Contains(err.Error(), s) {
 					t.Errorf("error reveals a secret: %s", err)
 				}
@@ -228,5 +238,54 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		if strings.Contains(printed, s) {
 			t.Errorf("secret %q printed in: %s", s, printed)
 		}
+	}
+}
+
+// appWebhookSecret is a valid APP_WEBHOOK_SECRET: whsec_ and 24 bytes.
+const appWebhookSecret = "whsec_YXBwLXdlYmhvb2stY29uZmlnLXNlY3JldCE="
+
+// TestAppWebhookConfig: off by default; on with a URL and a secret, built
+// into the relay's destination with the kinds asked for; never printed.
+func TestAppWebhookConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(environ(validEnv()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.appWebhook != nil {
+		t.Error("app webhook on without APP_WEBHOOK_URL")
+	}
+	if got, want := strings.Join(cfg.AppWebhookKinds, ","), "subscription,customer_features,checkout_session,support_message"; got != want {
+		t.Errorf("APP_WEBHOOK_KINDS = %q, want %q", got, want)
+	}
+	env := validEnv()
+	env["APP_WEBHOOK_URL"] = "http://127.0.0.1:8090/hooks"
+	env["APP_WEBHOOK_SECRET"] = appWebhookSecret
+	env["APP_WEBHOOK_ALLOW_HTTP"] = "true"
+	env["APP_WEBHOOK_KINDS"] = "subscription, customer_features"
+	cfg, err = loadConfig(environ(env))
+	if err != nil {
+		t.Fatalf("valid app webhook refused: %v", err)
+	}
+	if cfg.appWebhook == nil {
+		t.Fatal("app webhook off with APP_WEBHOOK_URL and APP_WEBHOOK_SECRET set")
+	}
+	if got, want := strings.Join(cfg.appWebhook.Kinds(), ","), "subscription,customer_features"; got != want {
+		t.Errorf("kinds = %q, want %q", got, want)
+	}
+	var logs bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logs, nil)).Info("config", "cfg", cfg, "app", cfg.appWebhook)
+	printed := fmt.Sprintf("%v %+v %#v", cfg, cfg, cfg) + logs.String()
+	if strings.Contains(printed, "YXBwLXdlYmhvb2stY29uZmlnLXNlY3JldCE") {
+		t.Errorf("APP_WEBHOOK_SECRET printed in: %s", printed)
+	}
+
+	delete(env, "APP_WEBHOOK_URL")
+	cfg, err = loadConfig(environ(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := cfg.warnings(); !strings.Contains(strings.Join(w, "\n"), "APP_WEBHOOK_SECRET is set but APP_WEBHOOK_URL is empty") {
+		t.Errorf("warnings = %q, want one about the secret without a URL", w)
 	}
 }
