@@ -95,7 +95,15 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	databaseURL, redisURL := lookup(environ, *dbEnv), lookup(environ, *redisEnv)
 	var env []string
 	if databaseURL == "" {
-		pg, stop, err := startPostgres(*dir)
+		pgDir := *dir
+		if err := dbtest.ServerCanReach(pgDir); errors.Is(err, dbtest.ErrUnreachable) {
+			// Root runs Postgres as the postgres user, who cannot enter a
+			// clone under a private directory (root's home, a mktemp -d):
+			// its files go to the system's temporary directory instead.
+			fmt.Fprintf(stderr, "withservers: %v; keeping Postgres's files under %s instead\n", err, os.TempDir())
+			pgDir = ""
+		}
+		pg, stop, err := startPostgres(pgDir)
 		if err != nil {
 			return 1, err
 		}

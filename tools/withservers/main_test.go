@@ -180,3 +180,30 @@ func TestHelpAndMisuse(t *testing.T) {
 		}
 	}
 }
+
+// make dev keeps the servers' files under .dev of the clone. A clone under
+// a private directory (root's 0700 home, a mktemp -d) is out of the reach
+// of the postgres user that root runs Postgres as: withservers says so in
+// one line and keeps Postgres's files in the system's temporary directory,
+// instead of failing on a "permission denied" that blames initdb.
+func TestPrivateDirAsRoot(t *testing.T) {
+	requireServerBinaries(t)
+	if os.Geteuid() != 0 {
+		t.Skip("only root runs Postgres as another user; as anyone else a private directory is the user's own")
+	}
+	t.Parallel()
+	private := t.TempDir() // 0700, owned by root
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(private, "clone", ".dev")
+	var out strings.Builder
+	code, err := run([]string{"-dir", dir, "-database-env", "DATABASE_URL", "-redis-env", "REDIS_URL",
+		"--", "sh", "-c", `test -n "$DATABASE_URL" && test -n "$REDIS_URL"`}, nil, nil, &out, &out)
+	if code != 0 || err != nil {
+		t.Fatalf("withservers -dir under a 0700 directory: exit %d, %v:\n%s", code, err, out.String())
+	}
+	if !strings.Contains(out.String(), "keeping Postgres's files under") {
+		t.Errorf("withservers did not say where Postgres's files went:\n%s", out.String())
+	}
+}
