@@ -100,32 +100,40 @@ fuzz:
 	done
 
 # dev runs the service on 127.0.0.1:8080 with the dev-only secrets of
-# docker-compose.yml (each overridable from the environment) against
-# throwaway postgres and redis-server kept under DEV_DIR (./.dev/), or against
-# the servers named by DATABASE_URL and REDIS_URL, and against a dev-only
-# stand-in for the Resend API (tools/devresend) serving testdata/devresend,
-# unless RESEND_API_URL is set. Support messages are forwarded to
-# team@munchable.app (SUPPORT_FORWARD_TO= turns it off): the stand-in prints
-# each forward it would have sent. It prints the URLs and writes DATABASE_URL
-# and REDIS_URL to DEV_DIR/env (`set -a; . .dev/env; set +a` in another
-# shell, for send, claims, stripe and psql). serve migrates first. Ctrl-C
-# drains the service, then stops the stand-in and the servers. (withservers
-# is built, not `go run`: go run exits 1 after any Ctrl-C, which would hide
-# the service's status.) RESEND_DOWNLOAD_ALLOW_PRIVATE lets the service
-# download attachments from the stand-in, on loopback over http. The tools
-# build with the binary's CGO_ENABLED and -trimpath, so that they reuse what
-# its build compiled: on a cold cache, a default build of withservers took
-# four more minutes.
+# docker-compose.yml (each overridable from the environment; DEV_MODE=true,
+# without which serve refuses them) against throwaway postgres and
+# redis-server kept under DEV_DIR (./.dev/), or against the servers named by
+# DATABASE_URL and REDIS_URL, and against dev-only stand-ins for the Resend
+# API (tools/devresend, serving testdata/devresend; unless RESEND_API_URL is
+# set) and the Stripe API (tools/devstripe, holding Stripe's side of
+# testdata/events; unless STRIPE_API_KEY is set). It prints the URLs and
+# writes to DEV_DIR/env everything a second shell needs (`set -a; . .dev/env;
+# set +a`, for send, claims, events, stripe and psql): both servers' URLs,
+# the variables -export names, and each stand-in's URL (and the Stripe
+# stand-in's key). serve migrates first. Ctrl-C drains the service, then
+# stops the stand-ins and the servers. (withservers is built, not `go run`:
+# go run exits 1 after any Ctrl-C, which would hide the service's status.)
+# Support messages are forwarded to team@munchable.app (SUPPORT_FORWARD_TO=
+# turns it off): the Resend stand-in prints each forward it would have sent.
+# RESEND_DOWNLOAD_ALLOW_PRIVATE lets the service download attachments from
+# the stand-in, on loopback over http. The tools build with the binary's
+# CGO_ENABLED and -trimpath, so that they reuse what its build compiled: on
+# a cold cache, a default build of withservers took four more minutes.
 DEV_DIR ?= .dev
+DEV_EXPORTS := LISTEN_ADDR STRIPE_WEBHOOK_SECRET RESEND_WEBHOOK_SECRET RESEND_API_KEY \
+	RESEND_DOWNLOAD_ALLOW_PRIVATE SUPPORT_INBOUND_ADDRESSES SUPPORT_FORWARD_TO SUPPORT_FORWARD_FROM DEV_MODE
 .PHONY: dev
-# The sweeps are off unless SWEEP_INTERVAL is set: the quick start's send of
-# the sample mail must be its first delivery. SWEEP_INTERVAL=30s make dev
-# runs the Resend sweep against the stand-in, which lists received mail (the
-# Stripe sweep needs STRIPE_API_KEY); a first pass reaches back one interval
-# and 10 minutes, so it passes over the sample mail (created 2026-02-22).
+# The sweeps and the scheduled verify are off unless SWEEP_INTERVAL or
+# VERIFY_INTERVAL is set: the quick start's sends must be the first
+# deliveries, and its stripe verify the one to find the drift.
+# SWEEP_INTERVAL=30s make dev runs both sweeps against the stand-ins: the
+# Stripe sweep delivers the stand-in's lost event; the Resend one lists
+# received mail, and a first pass reaches back one interval and 10 minutes,
+# so it passes over the sample mail (created 2026-02-22).
 dev: deps-dev build
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/withservers ./tools/withservers
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devresend ./tools/devresend
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devstripe ./tools/devstripe
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
 	RESEND_WEBHOOK_SECRET="$${RESEND_WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==}" \
@@ -134,10 +142,14 @@ dev: deps-dev build
 	SUPPORT_INBOUND_ADDRESSES="$${SUPPORT_INBOUND_ADDRESSES:-support@munchable.app}" \
 	SUPPORT_FORWARD_TO="$${SUPPORT_FORWARD_TO-team@munchable.app}" \
 	SUPPORT_FORWARD_FROM="$${SUPPORT_FORWARD_FROM:-Munchable Support <support-forward@munchable.app>}" \
+	DEV_MODE="$${DEV_MODE:-true}" \
 	LOG_LEVEL="$${LOG_LEVEL:-debug}" \
 	SWEEP_INTERVAL="$${SWEEP_INTERVAL:-0}" \
-	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL -- \
-		bin/devresend -data testdata/devresend -- ./$(BIN) serve
+	VERIFY_INTERVAL="$${VERIFY_INTERVAL:-0}" \
+	bin/withservers -dir $(DEV_DIR) -env-file $(DEV_DIR)/env -database-env DATABASE_URL -redis-env REDIS_URL \
+		$(DEV_EXPORTS:%=-export %) -- \
+		bin/devresend -data testdata/devresend -env-file $(DEV_DIR)/env -- \
+		bin/devstripe -events testdata/events -env-file $(DEV_DIR)/env -- ./$(BIN) serve
 
 # soak plays Stripe and Resend (20,000 events by default, 30 % redelivered,
 # some out of order) against the service while Redis, Postgres and the

@@ -71,7 +71,7 @@ func changes(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	cursor, err := ledger.ParseCursor(*after)
 	if err != nil {
-		return cmd.misuse("--after: %v", err)
+		return cmd.misuse("--after: %v: want the \"cursor\" of a line that changes tail or events show printed, not a change id", err)
 	}
 	cfg, err := parseEnv[changesConfig](environ)
 	if err != nil {

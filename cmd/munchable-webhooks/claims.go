@@ -168,7 +168,7 @@ func openClaimStore(environ []string) (claimsConfig, *claim.Store, func(), error
 func showClaim(ctx context.Context, store *claim.Store, provider, eventID string, now time.Time, stdout io.Writer) error {
 	e, err := store.Inspect(ctx, provider, eventID)
 	if errors.Is(err, claim.ErrAbsent) {
-		fmt.Fprintf(stdout, "%s absent\n", store.Key(provider, eventID))
+		fmt.Fprintf(stdout, "%s absent failures=%d\n", store.Key(provider, eventID), e.Failures)
 		return nil
 	}
 	if err != nil {

@@ -49,7 +49,13 @@ func TestClaimsCommand(t *testing.T) {
 	out, err = claims("release", "stripe", "evt_1")
 	mustContain(out, err, "released: "+prefix+":stripe:evt_1 processing owner=tok1")
 	out, err = claims("show", "stripe", "evt_1")
-	mustContain(out, err, "absent")
+	mustContain(out, err, "absent failures=0")
+
+	// A poison event's failures outlive its released claims: show says
+	// them when the key is absent too.
+	rdb.Set(ctx, store.Key("stripe", "evt_poison")+":failures", 6, time.Hour)
+	out, err = claims("show", "stripe", "evt_poison")
+	mustContain(out, err, prefix+":stripe:evt_poison absent failures=6")
 
 	// done uses the provider's dedupe TTL.
 	out, err = claims("done", "stripe", "evt_1")

@@ -43,6 +43,10 @@ type config struct {
 	// reach loopback and private addresses: tests and private mirrors only.
 	ResendDownloadAllowPrivate bool `env:"RESEND_DOWNLOAD_ALLOW_PRIVATE" envDefault:"false"`
 
+	// DevMode says this is make dev or compose: serve takes the dev-only
+	// secrets published in this repository only with it.
+	DevMode bool `env:"DEV_MODE" envDefault:"false"`
+
 	SupportInboundAddresses   []string `env:"SUPPORT_INBOUND_ADDRESSES"`
 	SupportAttachmentMaxBytes int64    `env:"SUPPORT_ATTACHMENT_MAX_BYTES" envDefault:"10485760"`
 	SupportFormRate           int      `env:"SUPPORT_FORM_RATE" envDefault:"10"`

@@ -29,13 +29,42 @@ commands:
   list [--outcome O] [--since D]
                            one JSON line per event first seen in the last D (default 24h),
                            oldest first; O is applied, unchanged, stale, unordered, failed
-                           or dead
+                           or dead; D a duration such as 90m or 168h
   retry PROVIDER EVENT_ID  run a failed or dead event again through the claim, exactly as a
                            delivery: Stripe's from the API when STRIPE_API_KEY is set, else
                            from the kept body; Resend's from the kept body. Needs the
                            service's configuration. Prints the outcome; exit 1 if it failed
 
+PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.
+Each command answers -h with its own usage.`
+
+// The usage of each events command, for its -h.
+const (
+	eventsShowUsage = `usage: munchable-webhooks events show PROVIDER EVENT_ID
+
+Prints one JSON object: the event's ledger row (webhook_events in
+DATABASE_URL), its claim's state in Redis (REDIS_URL, REDIS_KEY_PREFIX;
+"absent" once its done key expired) and the changes it made in the feed,
+each with the cursor that resumes just after it (changes tail --after).
 PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
+
+	eventsListUsage = `usage: munchable-webhooks events list [--outcome O] [--since D]
+
+Prints one JSON line per event first seen in the last D (a duration such as
+90m, 24h or 168h; default 24h), oldest first. O is one of the outcomes the
+ledger records: ` + recordedOutcomes + `.`
+
+	eventsRetryUsage = `usage: munchable-webhooks events retry PROVIDER EVENT_ID
+
+Runs a failed or dead event again through the claim, exactly as a delivery:
+Stripe's from the API when STRIPE_API_KEY is set, else from the kept body;
+Resend's from the kept body. Needs the service's configuration. Prints the
+outcome; exit 1 if it failed.`
+)
+
+// recordedOutcomes are the outcomes a ledger row can have: an ignored
+// event writes no row, so filtering on it could only print nothing.
+const recordedOutcomes = "applied, unchanged, stale, unordered, failed, dead"
 
 // eventsRequest is one parsed events command line.
 type eventsRequest struct {
@@ -45,14 +74,18 @@ type eventsRequest struct {
 	since             time.Duration // list
 }
 
+// eventsUsages is each command's own usage, for its -h.
+var eventsUsages = map[string]string{"show": eventsShowUsage, "list": eventsListUsage, "retry": eventsRetryUsage}
+
 func parseEvents(args []string, stdout, stderr io.Writer) (eventsRequest, error) {
 	top := newCommand("events", eventsUsage, stdout, stderr)
 	if len(args) == 0 {
 		return eventsRequest{}, top.misuse("want a command")
 	}
 	req := eventsRequest{sub: args[0]}
-	cmd := newCommand("events "+req.sub, eventsUsage, stdout, stderr)
+	cmd := newCommand("events "+req.sub, eventsUsages[req.sub], stdout, stderr)
 	want := 2
+	var since string
 	switch req.sub {
 	case "help", "-h", "-help", "--help":
 		top.printUsage(stdout)
@@ -61,7 +94,7 @@ func parseEvents(args []string, stdout, stderr io.Writer) (eventsRequest, error)
 	case "list":
 		want = 0
 		cmd.flags.StringVar(&req.outcome, "outcome", "", "only events with this outcome")
-		cmd.flags.DurationVar(&req.since, "since", 24*time.Hour, "only events first seen within this long")
+		cmd.flags.StringVar(&since, "since", "24h", "only events first seen within this long: a `DURATION` such as 90m, 24h or 168h")
 	default:
 		return req, top.misuse("unknown command %q", req.sub)
 	}
@@ -74,21 +107,15 @@ func parseEvents(args []string, stdout, stderr io.Writer) (eventsRequest, error)
 			return req, err
 		}
 	}
-	if req.outcome != "" && !slices.Contains(ledger.Outcomes, ledger.Outcome(req.outcome)) {
-		return req, cmd.misuse("--outcome %q: want one of %s", req.outcome, outcomeNames())
+	if req.outcome != "" && (req.outcome == string(ledger.Ignored) || !slices.Contains(ledger.Outcomes, ledger.Outcome(req.outcome))) {
+		return req, cmd.misuse("--outcome %q: want one of %s (an ignored event has no ledger row)", req.outcome, recordedOutcomes)
 	}
-	if req.sub == "list" && req.since <= 0 {
-		return req, cmd.misuse("--since %s: want a positive duration", req.since)
+	if req.sub == "list" {
+		if req.since, err = time.ParseDuration(since); err != nil || req.since <= 0 {
+			return req, cmd.misuse("--since %q: want a positive duration such as 90m, 24h or 168h (hours at most: 7 days is 168h)", since)
+		}
 	}
 	return req, nil
-}
-
-func outcomeNames() string {
-	names := make([]string, len(ledger.Outcomes))
-	for i, o := range ledger.Outcomes {
-		names[i] = string(o)
-	}
-	return strings.Join(names, ", ")
 }
 
 // ledgerConfig is what show and list need: the database, and Redis for

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,6 +46,19 @@ func TestEventsAndChangesCommandLine(t *testing.T) {
 	} {
 		if err := wantUsage(t, env, args, "stderr"); !errors.Is(err, errUsage) {
 			t.Errorf("%q: err = %v, want a usage error", args, err)
+		}
+	}
+	// A mistake is answered with the form wanted, not just refused.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"events", "list", "--outcome", "ignored"}, "an ignored event has no ledger row"},
+		{[]string{"events", "list", "--since", "yesterday"}, "a positive duration such as 90m, 24h or 168h"},
+		{[]string{"changes", "tail", "--after", "42"}, "not a change id"},
+	} {
+		if err := wantUsage(t, env, c.args, "stderr"); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: err = %v, want a usage error saying %q", c.args, err, c.want)
 		}
 	}
 }
@@ -193,5 +207,26 @@ func TestRetryDeadStripeEvent(t *testing.T) {
 	out, _, err = runCmd(t, env, "events", "show", "stripe", id)
 	if err != nil || !strings.Contains(out, `"outcome": "applied"`) || !strings.Contains(out, `"kind": "subscription"`) {
 		t.Errorf("events show after the retry = %q, %v", out, err)
+	}
+}
+
+// A command run in a terminal logs only what needs a person, unless
+// LOG_LEVEL asks for more.
+func TestOperatorLogLevel(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		environ []string
+		level   slog.Level
+		want    slog.Level
+	}{
+		{nil, slog.LevelInfo, slog.LevelWarn},
+		{[]string{"DATABASE_URL=x"}, slog.LevelInfo, slog.LevelWarn},
+		{[]string{"LOG_LEVEL=info"}, slog.LevelInfo, slog.LevelInfo},
+		{[]string{"LOG_LEVEL=debug"}, slog.LevelDebug, slog.LevelDebug},
+		{nil, slog.LevelError, slog.LevelError},
+	} {
+		if got := operatorLogLevel(tt.environ, tt.level); got != tt.want {
+			t.Errorf("operatorLogLevel(%q, %s) = %s, want %s", tt.environ, tt.level, got, tt.want)
+		}
 	}
 }

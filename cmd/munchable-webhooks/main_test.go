@@ -89,6 +89,7 @@ func TestSubcommandHelpIsItsOwn(t *testing.T) {
 	for _, args := range [][]string{
 		{"claims", "show"}, {"claims", "release"}, {"claims", "done"}, {"claims", "stuck"},
 		{"stripe", "sync"}, {"stripe", "replay"}, {"send"},
+		{"events", "show"}, {"events", "list"}, {"events", "retry"},
 	} {
 		for _, h := range []string{"-h", "--help"} {
 			var stdout bytes.Buffer
@@ -211,5 +212,20 @@ func TestExitStatus(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("%q exited %d, want %d", tt.args, got, tt.want)
 		}
+	}
+}
+
+// A DATABASE_URL that does not parse is refused with the form it should
+// take, by migrate as by serve, and without echoing its secret.
+func TestMigrateBadDatabaseURL(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	env := []string{"DATABASE_URL=postgres://user:hunter2@[::1:5432/db"}
+	err := run(t.Context(), []string{"munchable-webhooks", "migrate"}, env, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL is invalid: want postgres://") {
+		t.Fatalf("migrate with a bad DATABASE_URL: err = %v, want one naming the form", err)
+	}
+	if strings.Contains(err.Error()+out.String(), "hunter2") {
+		t.Errorf("the refusal echoes the URL's password: %v %s", err, out.String())
 	}
 }

@@ -2,8 +2,10 @@ package main
 
 // The README's quick start, run as a newcomer runs it: its first terminal
 // (make dev) in the repository, its second terminal's commands one by one
-// in a shell, each documented output checked. A change that makes the
-// README wrong fails here.
+// in a shell, each documented output checked, then, in the same shell,
+// the README's Stripe block and every block of docs/OPERATIONS.md,
+// docs/DRIFT-AND-RECOVERY.md and docs/APP.md marked to run against make
+// dev. A change that makes those docs wrong fails here.
 
 import (
 	"bufio"
@@ -21,39 +23,59 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/munchable/munchable-webhooks/deploy"
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
 
-// quickstartStep is one command of a quick start block and what the README
+// quickstartStep is one command of a quick start block and what the doc
 // says it prints: the beginning of its first line (a comment on the same
-// line) or whole lines (comment lines under it, up to a blank line).
+// line) or whole lines (comment lines under it, up to a blank line). A
+// comment line "(exit status N)" under it is the status it exits with
+// (else 0).
 type quickstartStep struct {
-	line    int // in README.md
+	file    string
+	line    int
 	command string
 	prefix  string
 	lines   []string
+	status  int
 }
 
-// quickstartBlock returns the commands of the fenced block that follows
-// the marker <!-- quickstart: NAME --> in the README.
-func quickstartBlock(t *testing.T, readme, name string) []quickstartStep {
+func (s quickstartStep) String() string {
+	return fmt.Sprintf("%s:%d: %s", s.file, s.line, s.command)
+}
+
+// quickstartSection is the fenced block after one marker.
+type quickstartSection struct {
+	name  string
+	steps []quickstartStep
+}
+
+// quickstartMarker is the comment before a block that make dev runs as
+// written: <!-- quickstart: NAME -->.
+var quickstartMarker = regexp.MustCompile(`^<!-- quickstart: (.+) -->$`)
+
+// quickstartSections returns every marked block of a doc, in its order.
+func quickstartSections(t *testing.T, file, doc string) []quickstartSection {
 	t.Helper()
-	marker := "<!-- quickstart: " + name + " -->"
 	var (
-		steps   []quickstartStep
-		state   = 0 // 0: before the marker, 1: before the fence, 2: in the block
-		inOut   bool
-		inline  = regexp.MustCompile(`^(.*?\S)\s+# (.*)$`)
-		lineNum int
+		sections []quickstartSection
+		state    = 0 // 0: before a marker, 1: before its fence, 2: in the block
+		inOut    bool
+		inline   = regexp.MustCompile(`^(.*?\S)\s+# (.*)$`)
+		status   = regexp.MustCompile(`^\(exit status (\d+)\)$`)
+		lineNum  int
 	)
-	sc := bufio.NewScanner(strings.NewReader(readme))
+	sc := bufio.NewScanner(strings.NewReader(doc))
 	for sc.Scan() {
 		lineNum++
 		l := sc.Text()
 		switch state {
 		case 0:
-			if strings.TrimSpace(l) == marker {
+			if m := quickstartMarker.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+				sections = append(sections, quickstartSection{name: m[1]})
 				state = 1
 			}
 			continue
@@ -61,34 +83,84 @@ func quickstartBlock(t *testing.T, readme, name string) []quickstartStep {
 			if strings.HasPrefix(l, "```") {
 				state = 2
 			} else if strings.TrimSpace(l) != "" {
-				t.Fatalf("README.md:%d: %s is not followed by a fenced block", lineNum, marker)
+				t.Fatalf("%s:%d: the quickstart marker is not followed by a fenced block", file, lineNum)
 			}
 			continue
 		}
+		cur := &sections[len(sections)-1]
 		switch {
 		case strings.HasPrefix(l, "```"):
-			if len(steps) == 0 {
-				t.Fatalf("README.md: the %s block has no command", name)
+			if len(cur.steps) == 0 {
+				t.Fatalf("%s: the %s block has no command", file, cur.name)
 			}
-			return steps
+			state, inOut = 0, false
 		case strings.TrimSpace(l) == "":
 			inOut = false
 		case strings.HasPrefix(l, "#"):
 			if inOut {
 				out := strings.TrimPrefix(strings.TrimPrefix(l, "#"), " ")
-				steps[len(steps)-1].lines = append(steps[len(steps)-1].lines, out)
+				step := &cur.steps[len(cur.steps)-1]
+				if m := status.FindStringSubmatch(out); m != nil {
+					step.status, _ = strconv.Atoi(m[1])
+				} else {
+					step.lines = append(step.lines, out)
+				}
 			}
 		default:
-			s := quickstartStep{line: lineNum, command: l}
+			s := quickstartStep{file: file, line: lineNum, command: l}
 			if m := inline.FindStringSubmatch(l); m != nil {
 				s.command, s.prefix = m[1], m[2]
 			}
-			steps = append(steps, s)
+			cur.steps = append(cur.steps, s)
 			inOut = true
 		}
 	}
-	t.Fatalf("README.md has no %s block (a fenced block after %s)", name, marker)
+	if state != 0 {
+		t.Fatalf("%s: the %s block is not closed", file, sections[len(sections)-1].name)
+	}
+	return sections
+}
+
+// quickstartBlock returns the commands of the README's block named name.
+func quickstartBlock(t *testing.T, readme, name string) []quickstartStep {
+	t.Helper()
+	for _, s := range quickstartSections(t, "README.md", readme) {
+		if s.name == name {
+			return s.steps
+		}
+	}
+	t.Fatalf("README.md has no %s block (a fenced block after <!-- quickstart: %s -->)", name, name)
 	return nil
+}
+
+// quickstartDocs are the docs whose marked blocks the second terminal
+// runs, in this order, after the README's: their blocks take the state
+// the quick start leaves (its events sent, Stripe's drift repaired).
+var quickstartDocs = []string{"docs/OPERATIONS.md", "docs/DRIFT-AND-RECOVERY.md", "docs/APP.md"}
+
+// secondTerminal is every command the second terminal runs: the README's
+// marked blocks other than the first terminal's (second terminal first),
+// then the docs' marked blocks.
+func secondTerminal(t *testing.T, readme string) (steps []quickstartStep, blocks []string) {
+	t.Helper()
+	sections := quickstartSections(t, "README.md", readme)
+	for _, s := range sections {
+		if s.name == "first terminal" {
+			continue
+		}
+		if len(blocks) == 0 && s.name != "second terminal" {
+			t.Fatalf("README.md: the first block after make dev's is %q, want \"second terminal\": it sets up the shell", s.name)
+		}
+		steps = append(steps, s.steps...)
+		blocks = append(blocks, "README.md: "+s.name)
+	}
+	for _, file := range quickstartDocs {
+		for _, s := range quickstartSections(t, file, readRepoFile(t, file)) {
+			steps = append(steps, s.steps...)
+			blocks = append(blocks, file+": "+s.name)
+		}
+	}
+	return steps, blocks
 }
 
 // newcomerEnv is the environment of a fresh terminal: this one's, without
@@ -145,7 +217,8 @@ func TestReadmeQuickStart(t *testing.T) {
 	t.Parallel()
 	readme := readRepoFile(t, "README.md")
 	first := quickstartBlock(t, readme, "first terminal")
-	second := quickstartBlock(t, readme, "second terminal")
+	second, blocks := secondTerminal(t, readme)
+	t.Logf("the second terminal runs %d commands of these blocks:\n%s", len(second), strings.Join(blocks, "\n"))
 
 	// The second terminal's working directory stands for the repository's
 	// root: make dev's binaries and the sample events are the repository's,
@@ -247,7 +320,9 @@ func TestReadmeQuickStart(t *testing.T) {
 	defer cancel()
 	term := exec.CommandContext(ctx, "bash", "--noprofile", "--norc", "-c", sh.String())
 	term.Dir = work
-	term.Env = append(newcomerEnv(t), "LISTEN_ADDR="+listen)
+	// Nothing but .dev/env tells it make dev's LISTEN_ADDR, secrets and
+	// stand-ins.
+	term.Env = newcomerEnv(t)
 	out, err := term.Output()
 	if err != nil {
 		showLog()
@@ -258,12 +333,12 @@ func TestReadmeQuickStart(t *testing.T) {
 	for i, s := range second {
 		got := outputs[i]
 		switch {
-		case statuses[i] != 0:
-			t.Errorf("README.md:%d: %s\nexit status %d, output:\n%s", s.line, s.command, statuses[i], got)
+		case statuses[i] != s.status:
+			t.Errorf("%s\nexit status %d (want %d), output:\n%s", s, statuses[i], s.status, got)
 		case s.prefix != "" && !strings.HasPrefix(got, s.prefix):
-			t.Errorf("README.md:%d: %s\nprints:\n%s\nthe README says it begins: %s", s.line, s.command, got, s.prefix)
+			t.Errorf("%s\nprints:\n%s\nthe doc says it begins: %s", s, got, s.prefix)
 		case len(s.lines) > 0 && !containsLines(got, s.lines):
-			t.Errorf("README.md:%d: %s\nprints:\n%s\nthe README says:\n%s", s.line, s.command, got, strings.Join(s.lines, "\n"))
+			t.Errorf("%s\nprints:\n%s\nthe doc says:\n%s", s, got, strings.Join(s.lines, "\n"))
 		default:
 			continue
 		}
@@ -376,20 +451,24 @@ func isInterrupt(err error) bool {
 	return exitErr.ExitCode() == 128+int(syscall.SIGINT)
 }
 
-// The parser reads what the README means: inline comments, output lines,
-// and prose.
+// The parser reads what the doc means: inline comments, output lines, an
+// exit status, prose, and every marked block in order.
 func TestQuickstartBlock(t *testing.T) {
 	t.Parallel()
-	readme := "intro\n<!-- quickstart: x -->\n\n```sh\nset -a\n\n# prose\n$B send a.json   # 200 first\npsql -c \"q\"\n#  col\n# ---\n#  1\n\n# more prose\necho done\n```\n"
+	readme := "intro\n<!-- quickstart: x -->\n\n```sh\nset -a\n\n# prose\n$B send a.json   # 200 first\npsql -c \"q\"\n#  col\n# ---\n#  1\n\n# more prose\necho done\n# (exit status 3)\n```\n" +
+		"<!-- quickstart: y -->\n```sh\ntrue\n```\n"
 	got := quickstartBlock(t, readme, "x")
 	want := []quickstartStep{
-		{line: 5, command: "set -a"},
-		{line: 8, command: "$B send a.json", prefix: "200 first"},
-		{line: 9, command: `psql -c "q"`, lines: []string{" col", "---", " 1"}},
-		{line: 15, command: "echo done"},
+		{file: "README.md", line: 5, command: "set -a"},
+		{file: "README.md", line: 8, command: "$B send a.json", prefix: "200 first"},
+		{file: "README.md", line: 9, command: `psql -c "q"`, lines: []string{" col", "---", " 1"}},
+		{file: "README.md", line: 15, command: "echo done", status: 3},
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("quickstartBlock =\n%v\nwant\n%v", got, want)
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(quickstartStep{})); diff != "" {
+		t.Errorf("quickstartBlock (-want +got):\n%s", diff)
+	}
+	if y := quickstartBlock(t, readme, "y"); len(y) != 1 || y[0].line != 20 {
+		t.Errorf("the second block = %v, want true on line 20", y)
 	}
 	if !containsLines("a\n b  \n---\nc", []string{" b", "---"}) || containsLines("a\nb", []string{"b", "c"}) {
 		t.Error("containsLines")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
 
 	"github.com/stripe/stripe-go/v79"
 
@@ -24,7 +26,7 @@ func retryEvent(ctx context.Context, environ []string, provider, eventID string,
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stderr, cfg.logLevel)
+	logger := newLogger(stderr, operatorLogLevel(environ, cfg.logLevel))
 	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 4)
 	if err != nil {
 		return err
@@ -98,4 +100,17 @@ func retryEvent(ctx context.Context, environ []string, provider, eventID string,
 		return fmt.Errorf("%s %s: %s", provider, eventID, res.Outcome)
 	}
 	return nil
+}
+
+// operatorLogLevel is the level of a command a person runs in a terminal:
+// the delivery's own info lines (JSON, for the service's log pipeline)
+// would only bury the one line it prints, so unless LOG_LEVEL asks for
+// them, only warnings and errors are logged.
+func operatorLogLevel(environ []string, level slog.Level) slog.Level {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "LOG_LEVEL=") {
+			return level
+		}
+	}
+	return max(level, slog.LevelWarn)
 }

@@ -408,7 +408,7 @@ func migrationTarget(databaseURL, migrateURL secret) migrationURL {
 func migrateUp(ctx context.Context, target migrationURL, logger *slog.Logger) error {
 	pcfg, err := pgxpool.ParseConfig(target.url)
 	if err != nil {
-		return fmt.Errorf("%s is invalid", target.name) // the error would echo the URL
+		return fmt.Errorf("%s is invalid: %s", target.name, wantDatabaseURL) // pgx's error would echo the URL
 	}
 	pcfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)

@@ -80,6 +80,21 @@ deleted. Needs DATABASE_URL and STRIPE_API_KEY.`
 // exit status 3.
 var errDrift = errors.New("stripe verify: the tables differ from Stripe")
 
+// errRepaired is the verdict of a --repair that mended every drifted row:
+// still drift found (exit status 3, which a scheduled run alerts on), but
+// said in the past tense, so that the person who just repaired is not
+// told the tables still differ.
+var errRepaired = fmt.Errorf("stripe verify: the tables differed from Stripe; --repair stored Stripe's state for every drifted row (exit status 3: drift was found): %w", errDriftFound)
+
+// errDriftFound is what errRepaired wraps, so that errors.Is(err, errDrift)
+// holds for it too.
+var errDriftFound = driftFound{}
+
+type driftFound struct{}
+
+func (driftFound) Error() string        { return "run stripe verify again to see it in sync" }
+func (driftFound) Is(target error) bool { return target == errDrift }
+
 // stripeArgs is a parsed stripe command line.
 type stripeArgs struct {
 	command     string // "sync", "replay" or "verify"; "" when only help was asked for
@@ -170,7 +185,9 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 	if a.command == "replay" && cfg.RedisURL == "" {
 		return errors.New("REDIS_URL is required for stripe replay: events run through the same claims as webhook deliveries")
 	}
-	logger := newLogger(stderr, cfg.logLevel)
+	// Progress and the summary are the output; a replay's delivery lines
+	// only at LOG_LEVEL's asking, as for events retry.
+	logger := newLogger(stderr, operatorLogLevel(environ, cfg.logLevel))
 	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 4)
 	if err != nil {
 		return err
@@ -219,7 +236,11 @@ func stripeVerify(ctx context.Context, cfg stripesync.VerifyConfig, stdout io.Wr
 	cfg.Report = func(d stripesync.Drift) { _ = enc.Encode(d) }
 	n, err := stripesync.Verify(ctx, cfg)
 	fmt.Fprintf(stdout, "stripe verify: %s in %s\n", n, time.Since(start).Round(time.Millisecond))
-	if err == nil && n.Drifted() > 0 {
+	switch {
+	case err != nil || n.Drifted() == 0:
+	case cfg.Repair && n.Repaired == n.Drifted():
+		err = errRepaired
+	default:
 		err = errDrift
 	}
 	return err

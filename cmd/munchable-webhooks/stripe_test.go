@@ -75,6 +75,9 @@ func TestStripeVerifyOutput(t *testing.T) {
 	if out, err = verify("--repair"); !errors.Is(err, errDrift) || !strings.Contains(out, `"repaired":true`) {
 		t.Errorf("verify --repair: %v\n%s\nwant the row reported repaired, exit 3", err, out)
 	}
+	if err == nil || !strings.Contains(err.Error(), "differed from Stripe; --repair stored Stripe's state for every drifted row") {
+		t.Errorf("verify --repair that mended every row says %v, want that it did", err)
+	}
 	time.Sleep(time.Second) // past the repair's snapshot second
 	if out, err = verify(); err != nil || strings.Count(out, "\n") != 1 {
 		t.Errorf("verify after repair: %v\n%s\nwant in sync, the summary only", err, out)

@@ -42,7 +42,12 @@ func (s *Store) Inspect(ctx context.Context, provider, eventID string) (Entry, e
 	}
 	raw, err := get.Result()
 	if errors.Is(err, redis.Nil) {
-		return Entry{}, fmt.Errorf("%s: %w", key, ErrAbsent)
+		// The failures outlive the claim they were counted on: a poison
+		// event whose last attempt was released has no key, but its
+		// count is what the operator came for.
+		e := Entry{Key: key, Provider: provider, EventID: eventID}
+		e.Failures, _ = failures.Int64()
+		return e, fmt.Errorf("%s: %w", key, ErrAbsent)
 	}
 	if err != nil {
 		return Entry{}, fmt.Errorf("inspect %s: %w", key, err)

@@ -566,3 +566,47 @@ func sysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
 	tieToParent(attr)
 	return attr
 }
+
+// ErrUnreachable: the user the server runs as cannot enter a directory
+// on the way to its files.
+var ErrUnreachable = errors.New("the postgres user cannot reach the directory")
+
+// ServerCanReach reports whether the user Postgres runs as (under root,
+// the postgres user) can enter dir: every directory from the root down
+// must grant it search (x) permission. A clone under root's 0700 home, or
+// any mktemp -d, does not; initdb then fails with a bare "permission
+// denied" that blames the binary. ACLs and supplementary groups are not
+// looked at: the answer errs on the side of "cannot".
+func ServerCanReach(dir string) error {
+	cred, err := serverCredential()
+	if err != nil || cred == nil {
+		return err
+	}
+	dir, err = filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := dir; ; p = filepath.Dir(p) {
+		if info, err := os.Stat(p); err == nil {
+			st, ok := info.Sys().(*syscall.Stat_t)
+			if ok && !searchable(info.Mode().Perm(), st.Uid, st.Gid, cred) {
+				return fmt.Errorf("%w %s: %s is mode %04o", ErrUnreachable, dir, p, info.Mode().Perm())
+			}
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
+}
+
+// searchable reports whether a directory of mode perm owned by uid:gid
+// lets cred enter it.
+func searchable(perm os.FileMode, uid, gid uint32, cred *syscall.Credential) bool {
+	switch {
+	case uid == cred.Uid:
+		return perm&0o100 != 0
+	case gid == cred.Gid:
+		return perm&0o010 != 0
+	}
+	return perm&0o001 != 0
+}

@@ -1,7 +1,8 @@
 // Package stripetest is test support: a fake of the few Stripe API routes
 // the service calls (retrieve and list subscriptions, list a subscription's
-// items, list events, list a customer's active entitlements), served by
-// httptest, holding the raw
+// items, retrieve and list events, list a customer's active entitlements),
+// served by httptest (or, for make dev's stand-in, by the caller), holding
+// the raw
 // JSON objects a test puts in it. It answers the request shapes stripe-go
 // sends, which stripetest_test.go checks against stripe-mock, paginates
 // and filters as Stripe documents, fails on demand and counts calls.
@@ -26,6 +27,7 @@ const Key = "sk_test_stripetest"
 
 // Routes, as counted by Calls.
 const (
+	RetrieveEvent          = "GET /v1/events/{id}"
 	RetrieveSubscription   = "GET /v1/subscriptions/{id}"
 	ListSubscriptions      = "GET /v1/subscriptions"
 	ListSubscriptionItems  = "GET /v1/subscription_items"
@@ -35,7 +37,8 @@ const (
 
 // API is a fake Stripe API. Its methods are safe for concurrent use.
 type API struct {
-	srv *httptest.Server
+	srv     *httptest.Server // nil when the caller serves Handler
+	handler http.Handler
 
 	mu            sync.Mutex
 	subscriptions []object            // in the order put; listed newest created first
@@ -60,19 +63,32 @@ type object struct {
 // New starts a fake API, closed in t.Cleanup.
 func New(t testing.TB) *API {
 	t.Helper()
+	a := NewUnstarted()
+	a.srv = httptest.NewServer(a.handler)
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+// NewUnstarted returns a fake API that the caller serves (Handler), for a
+// program rather than a test: tools/devstripe, make dev's stand-in.
+func NewUnstarted() *API {
 	a := &API{entitlements: map[string][]object{}, calls: map[string]int{}}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/events/{id}", a.route(RetrieveEvent, a.retrieveEvent))
 	mux.HandleFunc("GET /v1/subscriptions/{id}", a.route(RetrieveSubscription, a.retrieveSubscription))
 	mux.HandleFunc("GET /v1/subscriptions", a.route(ListSubscriptions, a.listSubscriptions))
 	mux.HandleFunc("GET /v1/subscription_items", a.route(ListSubscriptionItems, a.listSubscriptionItems))
 	mux.HandleFunc("GET /v1/events", a.route(ListEvents, a.listEvents))
 	mux.HandleFunc("GET /v1/entitlements/active_entitlements", a.route(ListActiveEntitlements, a.listActiveEntitlements))
-	a.srv = httptest.NewServer(mux)
-	t.Cleanup(a.srv.Close)
+	a.handler = mux
 	return a
 }
 
-// URL is the base URL to give stripe-go (STRIPE_API_URL).
+// Handler answers the API's routes; New serves it on a test server.
+func (a *API) Handler() http.Handler { return a.handler }
+
+// URL is the base URL to give stripe-go (STRIPE_API_URL), for an API
+// started by New.
 func (a *API) URL() *url.URL {
 	u, _ := url.Parse(a.srv.URL) // httptest's own URL
 	return u
@@ -201,6 +217,18 @@ func (a *API) route(name string, h func(http.ResponseWriter, *http.Request)) htt
 			h(w, r)
 		}
 	}
+}
+
+func (a *API) retrieveEvent(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := r.PathValue("id")
+	i := slices.IndexFunc(a.events, func(e object) bool { return e.ID == id })
+	if i < 0 {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "No such event: '"+id+"'")
+		return
+	}
+	writeJSON(w, a.events[i].raw)
 }
 
 func (a *API) retrieveSubscription(w http.ResponseWriter, r *http.Request) {

@@ -33,6 +33,10 @@ func calls(api *client.API) map[string]func() error {
 		return it.Err()
 	}
 	return map[string]func() error{
+		"retrieve event": func() error {
+			_, err := api.Events.Get("evt_1", nil)
+			return err
+		},
 		"retrieve subscription": func() error {
 			_, err := api.Subscriptions.Get("sub_1", nil)
 			return err

@@ -7,7 +7,7 @@
 // built into the image (the Dockerfile builds ./cmd/munchable-webhooks
 // alone).
 //
-//	devresend [-addr 127.0.0.1:0] [-data testdata/devresend] [-- command args...]
+//	devresend [-addr 127.0.0.1:0] [-data testdata/devresend] [-env-file FILE] [-- command args...]
 //
 // It answers, with RESEND_API_KEY (from its environment) as the only key:
 //
@@ -30,9 +30,11 @@
 // command stays in devresend's process group, so a signal to that group
 // (withservers sends one on Ctrl-C) reaches both; devresend catches it and
 // leaves it to the command, so it keeps serving while the service drains,
-// and ends with it. `make dev` runs
+// and ends with it. -env-file appends RESEND_API_URL, as the command gets
+// it, to FILE (withservers' env file), so that another shell reaches the
+// same API (events retry). `make dev` runs
 //
-//	withservers ... -- devresend -- bin/munchable-webhooks serve
+//	withservers ... -- devresend -env-file .dev/env -- ... bin/munchable-webhooks serve
 package main
 
 import (
@@ -76,6 +78,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:0", "`host:port` to listen on (port 0: any free one; the URL is printed and given to the command)")
 	data := fs.String("data", "testdata/devresend", "`directory` of the mails to serve: one directory per email id, with email.json and attachments/")
+	envFile := fs.String("env-file", "", "`file` to append RESEND_API_URL to, as the command gets it, for `set -a; . FILE` in another shell")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return 0, nil
 	} else if err != nil {
@@ -85,6 +88,9 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 
 	if lookup(environ, urlEnv) != "" && len(command) > 0 {
 		fmt.Fprintf(stderr, "devresend: %s is set: not serving, the command uses it\n", urlEnv)
+		if err := appendEnv(*envFile, urlEnv, lookup(environ, urlEnv)); err != nil {
+			return 1, err
+		}
 		return runCommand(command, environ, nil, stdout, stderr)
 	}
 
@@ -110,6 +116,9 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 		<-served
 	}()
 	fmt.Fprintf(stderr, "devresend: dev-only stand-in for the Resend API on %s, serving %d received email(s) from %s\n", base, len(mails), *data)
+	if err := appendEnv(*envFile, urlEnv, base); err != nil {
+		return 1, err
+	}
 
 	if len(command) == 0 {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -479,6 +488,20 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(status int) {
 	w.status = status
 	w.ResponseWriter.WriteHeader(status)
+}
+
+// appendEnv appends name='value' to the env file ("": none), quoted for
+// a shell as withservers writes it.
+func appendEnv(file, name, value string) error {
+	if file == "" {
+		return nil
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("env file: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%s='%s'\n", name, strings.ReplaceAll(value, "'", `'\''`))
+	return errors.Join(err, f.Close())
 }
 
 // lookup returns the value of key in environ, or "".

@@ -149,19 +149,31 @@ func TestLoadMailsRefuses(t *testing.T) {
 }
 
 // With a command, devresend hands it RESEND_API_URL and exits with its
-// status; with RESEND_API_URL set, it leaves it alone.
+// status; with RESEND_API_URL set, it leaves it alone. Either way the env
+// file gets the URL the command got, after what was there.
 func TestRunsTheCommand(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
-	script := `case "$RESEND_API_URL" in http://127.0.0.1:*) exit 7;; esac; exit 1`
-	code, err := run([]string{"-data", dataDir, "--", "sh", "-c", script}, []string{"PATH=" + os.Getenv("PATH")}, io.Discard, &stderr)
+	envFile := filepath.Join(t.TempDir(), "env")
+	if err := os.WriteFile(envFile, []byte("DATABASE_URL='x'\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The command sources the file as a second shell would.
+	script := `set -a; . "$1"; set +a; case "$RESEND_API_URL" in http://127.0.0.1:*) exit 7;; esac; exit 1`
+	code, err := run([]string{"-data", dataDir, "-env-file", envFile, "--", "sh", "-c", script, "sh", envFile}, []string{"PATH=" + os.Getenv("PATH")}, io.Discard, &stderr)
 	if err != nil || code != 7 {
 		t.Errorf("run = %d, %v, want 7 (the command saw the stand-in's URL)\n%s", code, err, &stderr)
 	}
-	code, err = run([]string{"-data", dataDir, "--", "sh", "-c", `test "$RESEND_API_URL" = https://api.resend.com`},
+	if err := os.WriteFile(envFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, err = run([]string{"-data", dataDir, "-env-file", envFile, "--", "sh", "-c", `test "$RESEND_API_URL" = https://api.resend.com`},
 		[]string{"PATH=" + os.Getenv("PATH"), "RESEND_API_URL=https://api.resend.com"}, io.Discard, &stderr)
 	if err != nil || code != 0 {
 		t.Errorf("run with RESEND_API_URL set = %d, %v, want 0 (left as set)\n%s", code, err, &stderr)
+	}
+	if b, _ := os.ReadFile(envFile); string(b) != "RESEND_API_URL='https://api.resend.com'\n" {
+		t.Errorf("env file with RESEND_API_URL set = %q, want that URL", b)
 	}
 }
 

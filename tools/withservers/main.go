@@ -6,10 +6,12 @@
 //	go run ./tools/withservers -- go test ./...
 //
 // Flags name other variables, keep the servers' files elsewhere and write
-// the URLs to a file another shell can source; `make dev` runs the service
+// the URLs to a file another shell can source, with any variables of
+// withservers' own environment that -export names (the stand-ins the
+// command starts append their URLs to it); `make dev` runs the service
 // this way:
 //
-//	withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -- bin/munchable-webhooks serve
+//	withservers -dir .dev -env-file .dev/env -database-env DATABASE_URL -redis-env REDIS_URL -export LISTEN_ADDR ... -- bin/munchable-webhooks serve
 //
 // The command runs in a process group of its own, and SIGINT or SIGTERM to
 // withservers is passed on to that whole group once: a Ctrl-C in a terminal
@@ -59,6 +61,14 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	dbEnv := fs.String("database-env", dbtest.DatabaseURLEnv, "variable that names the Postgres URL: reused when set, else set to a throwaway server's")
 	redisEnv := fs.String("redis-env", dbtest.RedisURLEnv, "variable that names the Redis URL: reused when set, else set to a throwaway server's")
 	envFile := fs.String("env-file", "", "file to write both variables to, for `set -a; . FILE` in another shell; removed when the servers stop")
+	var exports []string
+	fs.Func("export", "`NAME` of a variable of this environment to write to the env file too, when set (repeatable)", func(name string) error {
+		if name == "" || strings.ContainsAny(name, "= '") {
+			return fmt.Errorf("%q is not a variable name", name)
+		}
+		exports = append(exports, name)
+		return nil
+	})
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return 0, nil // -h is an answer, not a failure
 	} else if err != nil {
@@ -66,7 +76,7 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	}
 	args = fs.Args()
 	if len(args) == 0 {
-		return 2, errors.New("usage: withservers [-dir DIR] [-database-env NAME] [-redis-env NAME] -- command [args...]")
+		return 2, errors.New("usage: withservers [-dir DIR] [-database-env NAME] [-redis-env NAME] [-env-file FILE [-export NAME]...] -- command [args...]")
 	}
 	if *dir != "" {
 		// Absolute, because postgres resolves its data directory from a
@@ -95,7 +105,15 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 	databaseURL, redisURL := lookup(environ, *dbEnv), lookup(environ, *redisEnv)
 	var env []string
 	if databaseURL == "" {
-		pg, stop, err := startPostgres(*dir)
+		pgDir := *dir
+		if err := dbtest.ServerCanReach(pgDir); errors.Is(err, dbtest.ErrUnreachable) {
+			// Root runs Postgres as the postgres user, who cannot enter a
+			// clone under a private directory (root's home, a mktemp -d):
+			// its files go to the system's temporary directory instead.
+			fmt.Fprintf(stderr, "withservers: %v; keeping Postgres's files under %s instead\n", err, os.TempDir())
+			pgDir = ""
+		}
+		pg, stop, err := startPostgres(pgDir)
 		if err != nil {
 			return 1, err
 		}
@@ -119,7 +137,13 @@ func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 		fmt.Fprintf(stderr, "withservers: reused %s\n", *redisEnv)
 	}
 	if *envFile != "" {
-		stop, err := writeEnvFile(*envFile, [][2]string{{*dbEnv, databaseURL}, {*redisEnv, redisURL}})
+		vars := [][2]string{{*dbEnv, databaseURL}, {*redisEnv, redisURL}}
+		for _, name := range exports {
+			if v, ok := lookupSet(environ, name); ok {
+				vars = append(vars, [2]string{name, v})
+			}
+		}
+		stop, err := writeEnvFile(*envFile, vars)
 		if err != nil {
 			return 1, err
 		}
@@ -209,13 +233,18 @@ func writeEnvFile(name string, vars [][2]string) (remove func() error, err error
 
 // lookup returns the value of key in environ, or "".
 func lookup(environ []string, key string) string {
-	v := ""
+	v, _ := lookupSet(environ, key)
+	return v
+}
+
+// lookupSet returns the value of key in environ and whether it is set.
+func lookupSet(environ []string, key string) (v string, set bool) {
 	for _, kv := range environ {
 		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
-			v = val // the last one wins, as in exec
+			v, set = val, true // the last one wins, as in exec
 		}
 	}
-	return v
+	return v, set
 }
 
 // exitCode turns the command's Wait result into our exit code, as a shell

@@ -180,3 +180,59 @@ func TestHelpAndMisuse(t *testing.T) {
 		}
 	}
 }
+
+// make dev keeps the servers' files under .dev of the clone. A clone under
+// a private directory (root's 0700 home, a mktemp -d) is out of the reach
+// of the postgres user that root runs Postgres as: withservers says so in
+// one line and keeps Postgres's files in the system's temporary directory,
+// instead of failing on a "permission denied" that blames initdb.
+func TestPrivateDirAsRoot(t *testing.T) {
+	requireServerBinaries(t)
+	if os.Geteuid() != 0 {
+		t.Skip("only root runs Postgres as another user; as anyone else a private directory is the user's own")
+	}
+	t.Parallel()
+	private := t.TempDir() // 0700, owned by root
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(private, "clone", ".dev")
+	var out strings.Builder
+	code, err := run([]string{"-dir", dir, "-database-env", "DATABASE_URL", "-redis-env", "REDIS_URL",
+		"--", "sh", "-c", `test -n "$DATABASE_URL" && test -n "$REDIS_URL"`}, nil, nil, &out, &out)
+	if code != 0 || err != nil {
+		t.Fatalf("withservers -dir under a 0700 directory: exit %d, %v:\n%s", code, err, out.String())
+	}
+	if !strings.Contains(out.String(), "keeping Postgres's files under") {
+		t.Errorf("withservers did not say where Postgres's files went:\n%s", out.String())
+	}
+}
+
+// -export writes variables of withservers' own environment to the env
+// file beside the URLs, quoted for a shell, so that a second shell gets
+// what the command got (make dev: LISTEN_ADDR, the dev secrets); an unset
+// one is left out. Servers named in the environment are reused, so none
+// is started here.
+func TestExport(t *testing.T) {
+	t.Parallel()
+	envFile := filepath.Join(t.TempDir(), "env")
+	environ := []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=postgres://db", "REDIS_URL=redis://r",
+		"LISTEN_ADDR=127.0.0.1:9999", "SUPPORT_INBOUND_ADDRESSES=a@x.test,b@x.test", "ODD=it's"}
+	// The command sources the file in a clean environment, as a second
+	// shell would, and prints what it got.
+	script := `env -i sh -c 'set -a; . "$0"; set +a; echo "$LISTEN_ADDR|$SUPPORT_INBOUND_ADDRESSES|$ODD|${UNSET-unset}|$DATABASE_URL"' "$1"`
+	var out strings.Builder
+	code, err := run([]string{"-env-file", envFile, "-database-env", "DATABASE_URL", "-redis-env", "REDIS_URL",
+		"-export", "LISTEN_ADDR", "-export", "SUPPORT_INBOUND_ADDRESSES", "-export", "ODD", "-export", "UNSET",
+		"--", "sh", "-c", script, "sh", envFile}, environ, nil, &out, io.Discard)
+	if code != 0 || err != nil {
+		t.Fatalf("withservers -export: exit %d, %v:\n%s", code, err, out.String())
+	}
+	if got, want := strings.TrimSpace(out.String()), "127.0.0.1:9999|a@x.test,b@x.test|it's|unset|postgres://db"; got != want {
+		t.Errorf("a shell sourcing the env file got %q, want %q", got, want)
+	}
+	var stderr strings.Builder
+	if code, _ := run([]string{"-export", "A=B", "--", "true"}, environ, nil, io.Discard, &stderr); code != 2 {
+		t.Errorf("-export A=B: exit %d, want 2 (not a name)\n%s", code, stderr.String())
+	}
+}
