@@ -71,8 +71,15 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	for _, a := range c.SupportForwardTo {
 		to = append(to, strings.TrimSpace(a))
 	}
+	var consumers []relay.Consumer
+	if c.appWebhook != nil {
+		consumers = append(consumers, relay.Consumer{
+			Name: relay.AppWebhookConsumer, Kinds: c.appWebhook.Kinds(), Destination: c.appWebhook,
+		})
+	}
 	return relay.Config{
-		Pool: pool,
+		Pool:      pool,
+		Consumers: consumers,
 		Forward: relay.ForwardConfig{
 			To: to, From: c.SupportForwardFrom, Rate: c.SupportForwardRate,
 			APIURL: c.resendAPIURL, APIKey: string(c.ResendAPIKey),
