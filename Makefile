@@ -47,8 +47,9 @@ test: deps-test build
 		done'
 
 # lint also checks the alerting rules and runs their unit tests, checks the
-# GitHub Actions workflows with actionlint (pinned as a tool in go.mod, like
-# staticcheck; it runs shellcheck on their run steps), and checks every shell
+# GitHub Actions workflows with actionlint (pinned as a tool in a module file
+# of its own, tools/lint/actionlint.mod, as its YAML library clashes with
+# compose-go's in go.mod; it runs shellcheck on their run steps), and checks every shell
 # script git tracks with shellcheck. A script is found by its first line, a
 # sh or bash shebang, so a new one is checked without being listed here.
 SHELL_SCRIPTS = $(shell git ls-files -z | xargs -0 awk 'FNR == 1 { if (/^\#!.*[\/ ](ba|da)?sh( |$$)/) print FILENAME; nextfile }')
@@ -56,7 +57,7 @@ lint: deps-lint
 	$(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) tool staticcheck ./...
-	$(GO) tool actionlint
+	$(GO) tool -modfile=tools/lint/actionlint.mod actionlint
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts_test.yaml
 	shellcheck $(SHELL_SCRIPTS)
