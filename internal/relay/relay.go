@@ -373,8 +373,10 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 		return 0, cur, nil // nothing new, not even the horizon
 	}
 	var ids []int64
-	var subjects, keys []string
-	var bodies [][]byte
+	// The bodies go as text: in the exec and simple protocol modes that a
+	// transaction pooler needs, pgx would send [][]byte as bytea[], which
+	// does not cast to jsonb[].
+	var subjects, keys, bodies []string
 	for _, ch := range page {
 		if !slices.Contains(c.Kinds, ch.Kind) {
 			continue
@@ -383,7 +385,7 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 		if err != nil {
 			return 0, cur, err
 		}
-		ids, subjects, bodies = append(ids, ch.ID), append(subjects, ch.Subject), append(bodies, body)
+		ids, subjects, bodies = append(ids, ch.ID), append(subjects, ch.Subject), append(bodies, string(body))
 		keys = append(keys, c.orderKey(ch))
 	}
 	err = r.inTx(ctx, fence, func(tx pgx.Tx) error {
