@@ -101,8 +101,9 @@ func TestConfigProblems(t *testing.T) {
 			[]string{"SUPPORT_FORM_RATE must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 2097152", "POISON_AFTER must be at least 0"}},
 		{"intake durations", map[string]string{"BODY_READ_TIMEOUT": "0s", "SHUTDOWN_DELAY": "-1s", "CLAIM_PROCESSING_TTL": "120000001us"}, nil,
 			[]string{"BODY_READ_TIMEOUT must be positive", "SHUTDOWN_DELAY must not be negative", "CLAIM_PROCESSING_TTL must be a whole number of milliseconds"}},
-		{"schedules", map[string]string{"VERIFY_INTERVAL": "5m", "SWEEP_INTERVAL": "1s"}, nil,
-			[]string{"VERIFY_INTERVAL is 5m0s: want 0 (off) or at least 1h", "SWEEP_INTERVAL is 1s: want 0 (off) or a duration from 10s to 24h0m0s"}},
+		{"schedules", map[string]string{"VERIFY_INTERVAL": "5m", "SWEEP_INTERVAL": "1s", "LEADER_LEASE_TTL": "30s"}, nil,
+			[]string{"VERIFY_INTERVAL is 5m0s: want 0 (off) or at least 1h", "SWEEP_INTERVAL is 1s: want 0 (off) or a duration from 10s to 24h0m0s",
+				"LEADER_LEASE_TTL is 30s: want a duration from 1s to 20s"}},
 		{"urls", map[string]string{"RESEND_API_URL": "api.resend.com", "STRIPE_API_URL": "ftp://x", "SUPPORT_FORM_REDIRECT_URL": "thanks", "SUPPORT_FORM_ORIGINS": "munchable.app"}, nil,
 			[]string{"RESEND_API_URL is invalid", "STRIPE_API_URL is invalid", "SUPPORT_FORM_REDIRECT_URL is invalid", `SUPPORT_FORM_ORIGINS has "munchable.app"`}},
 	}
