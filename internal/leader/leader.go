@@ -70,7 +70,13 @@ func (s Scheduler) Run(ctx context.Context, j Job) {
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		if err := s.check(ctx, lease, j); err != nil && ctx.Err() == nil {
+		switch err := s.check(ctx, lease, j); {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, ErrLost):
+			// Stopped (frozen, cut off) past the lease's TTL: another
+			// replica may be running it now, so this run records nothing.
+			s.Logger.Warn("scheduled job lost its lease during a run: nothing recorded", "job", j.Name, "err", err)
+		default:
 			s.Logger.Error("scheduled job failed", "job", j.Name, "err", err)
 		}
 		select {

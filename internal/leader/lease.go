@@ -151,6 +151,11 @@ func (l *Lease) TryRun(ctx context.Context, fn func(ctx context.Context, f Fence
 	var wg sync.WaitGroup
 	wg.Go(func() { l.keep(runCtx, f, sent, cancel) })
 	err = fn(runCtx, f)
+	// A run that ended because the lease was lost says so, whatever fn
+	// made of its cancelled context.
+	if cause := context.Cause(runCtx); err != nil && errors.Is(cause, ErrLost) && !errors.Is(err, ErrLost) {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
 	cancel(nil)
 	wg.Wait()
 	l.release(f)
