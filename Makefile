@@ -37,7 +37,7 @@ run: build
 # a transaction pooler needs (TEST_PGX_QUERY_MODE, read by internal/dbtest);
 # the default mode ran above. Those reruns skip -race: the mode changes
 # what goes over the wire, not what runs concurrently.
-STORE_PKGS := ./internal/entitlements ./internal/stripehook ./internal/support ./internal/resendhook ./internal/relay
+STORE_PKGS := ./internal/entitlements ./internal/stripehook ./internal/support ./internal/resendhook ./internal/relay ./internal/leader
 QUERY_MODES := exec simple_protocol
 test: deps-test build
 	$(GO) run ./tools/withservers -- sh -c '$(GO) test -race -count=1 ./... && \

@@ -74,6 +74,10 @@ type config struct {
 	// sweeps (0: off), one replica at a time.
 	VerifyInterval time.Duration `env:"VERIFY_INTERVAL" envDefault:"24h"`
 	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5m"`
+	// LeaderLeaseTTL is how long a scheduled job's lease (internal/leader)
+	// outlives its last renewal: a leader that stops renewing loses the
+	// lead within it, and another replica takes over within a third more.
+	LeaderLeaseTTL time.Duration `env:"LEADER_LEASE_TTL" envDefault:"15s"`
 
 	// AppWebhookURL, when set, receives every change of AppWebhookKinds
 	// as a Standard Webhook signed with AppWebhookSecret (docs/APP.md).
@@ -498,6 +502,11 @@ func (c *config) checkDurations(add addProblem) {
 	}
 	if c.SweepInterval != 0 && (c.SweepInterval < 10*time.Second || c.SweepInterval > maxSweepInterval) {
 		add("SWEEP_INTERVAL is %s: want 0 (off) or a duration from 10s to %s, such as 5m", c.SweepInterval, maxSweepInterval)
+	}
+	// At most 20s: a frozen leader is then replaced within 30s (the TTL,
+	// and a third of it for the others' next check).
+	if c.LeaderLeaseTTL < time.Second || c.LeaderLeaseTTL > 20*time.Second {
+		add("LEADER_LEASE_TTL is %s: want a duration from 1s to 20s, such as 15s", c.LeaderLeaseTTL)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -91,27 +90,19 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	}
 }
 
-// relayRetryWait is how long a replica waits before it tries again to
-// take the relay's lock, or to run it after a run ended with an error.
-const relayRetryWait = 5 * time.Second
-
-// runRelay runs the relay on one replica at a time until ctx ends: under
-// the leader lock "relay" (a session of its own, at MIGRATE_DATABASE_URL
-// when set), with a fence that fails once the lock's run has ended, so a
-// replica that lost the lock records nothing more. The coordinator of the
-// failover work swaps this fence for the lease's.
-func runRelay(ctx context.Context, r *relay.Relay, connect leader.Connect, logger *slog.Logger) {
-	lock := leader.NewLock(connect, "relay")
+// runRelay runs the relay on one replica at a time until ctx ends, under
+// the lease "relay" in leader_leases (taken over the pool, so any pooler
+// will do). Every record the relay writes checks the lease's fence in its
+// own transaction, so a replica that lost the lease (frozen, partitioned)
+// records nothing more once another holds it. A replica tries to take the
+// lease as often as a holder renews it (TTL/3): a stopped holder is
+// replaced within 4/3 of the TTL.
+func runRelay(ctx context.Context, r *relay.Relay, pool *pgxpool.Pool, cfg leader.LeaseConfig, logger *slog.Logger) {
+	lease := leader.NewLease(pool, "relay", cfg)
 	for {
-		ran, err := lock.TryRun(ctx, func(runCtx context.Context) error {
-			logger.Info("relay: this replica runs it")
-			fence := func(context.Context, pgx.Tx) error {
-				if runCtx.Err() != nil {
-					return context.Cause(runCtx)
-				}
-				return nil
-			}
-			return r.Run(runCtx, fence)
+		ran, err := lease.TryRun(ctx, func(runCtx context.Context, f leader.Fence) error {
+			logger.Info("relay: this replica runs it", "token", f.Token())
+			return r.Run(runCtx, f.Check)
 		})
 		if ctx.Err() != nil {
 			return
@@ -122,7 +113,7 @@ func runRelay(ctx context.Context, r *relay.Relay, connect leader.Connect, logge
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(relayRetryWait):
+		case <-time.After(cfg.Renew()):
 		}
 	}
 }

@@ -100,7 +100,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	defer background(ctx, func(ctx context.Context) { rel.Observe(ctx, relayObserveInterval) })()
 	defer background(ctx, func(ctx context.Context) {
-		runRelay(ctx, rel, leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url), logger)
+		runRelay(ctx, rel, pool, leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}, logger)
 	})()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
@@ -184,10 +184,11 @@ const sweepOverlap = 10 * time.Minute
 // returned func waits for them.
 func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry prometheus.Registerer, pool *pgxpool.Pool, s scheduled) (wait func()) {
 	var wg sync.WaitGroup
-	// The locks' sessions go where migrations go: MIGRATE_DATABASE_URL is
-	// the direct connection when DATABASE_URL is a transaction pooler.
-	run := leader.Scheduler{Pool: pool, Poll: 30 * time.Second, Logger: logger,
-		Connect: leader.Dial(migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL).url)}
+	// The jobs' leases are rows taken over the pool, so any pooler will
+	// do. A replica checks whether a job is due as often as a leader
+	// renews, so a leader that stopped is replaced within 4/3 of the TTL.
+	lease := leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}
+	run := leader.Scheduler{Pool: pool, Lease: lease, Poll: lease.Renew(), Logger: logger}
 	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
 	api := stripeAPI(cfg, logger)
 	verifyInterval := cfg.VerifyInterval

@@ -26,12 +26,14 @@ import (
 type ResendAPI struct {
 	srv     *httptest.Server
 	fetches atomic.Int64
+	lists   atomic.Int64
 
 	mu        sync.Mutex
 	emails    map[string]Email
 	redirects map[string]string
 	hook      Hook
 	sent      sent // POST /emails (resendsend.go)
+	listHook  func(ctx context.Context)
 }
 
 // Attachment is one attachment of an Email, as the fake lists it, with the
@@ -81,8 +83,20 @@ func (a *ResendAPI) SetHook(h Hook) {
 	a.hook = h
 }
 
+// SetListHook installs h, run before each list request is answered, on
+// the request's context; it may block (nil: answer at once).
+func (a *ResendAPI) SetListHook(h func(ctx context.Context)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.listHook = h
+}
+
 // Fetches counts the fetches received so far.
 func (a *ResendAPI) Fetches() int64 { return a.fetches.Load() }
+
+// Lists counts the list requests (GET /emails/receiving, a sweep's pages)
+// received so far.
+func (a *ResendAPI) Lists() int64 { return a.lists.Load() }
 
 func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost && r.URL.Path == "/emails" {
@@ -93,6 +107,13 @@ func (a *ResendAPI) serve(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+ResendAPIKey {
 			http.Error(w, `{"message":"invalid api key"}`, http.StatusUnauthorized)
 			return
+		}
+		a.lists.Add(1)
+		a.mu.Lock()
+		hook := a.listHook
+		a.mu.Unlock()
+		if hook != nil {
+			hook(r.Context())
 		}
 		a.listReceived(w, r.URL.Query())
 		return

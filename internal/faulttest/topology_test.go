@@ -335,6 +335,9 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 				"MIGRATE_DATABASE_URL": direct,
 				"REDIS_URL":            redisServer.URL(),
 				"REDIS_KEY_PREFIX":     "webhook-" + mode,
+				// The scheduled jobs' leases are taken and renewed
+				// through the pooler too.
+				"SWEEP_INTERVAL": "10s",
 			}
 			var svcs []*faulttest.Service
 			var wg sync.WaitGroup
@@ -401,13 +404,33 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 				"sub_pgb_"+mode+"_%", `quote " and \ backslash`).Scan(&subs, &meta); err != nil {
 				t.Fatal(err)
 			}
-			if err := check.QueryRow(ctx, `SELECT count(*) FROM support_messages WHERE source = 'email'`).Scan(&msgs); err != nil {
+			// This mode's mails: the fake lists every mode's, and the sweep
+			// queues what it lists.
+			if err := check.QueryRow(ctx, `SELECT count(*) FROM support_messages WHERE source = 'email' AND message_id LIKE '<pgb-' || $1 || '-%'`, mode).Scan(&msgs); err != nil {
 				t.Fatal(err)
 			}
 			if subs != 40 || meta != 40 || msgs != 10 {
 				t.Fatalf("rows through pgbouncer (%s): %d active entitlements, %d with the metadata, %d mails; want 40, 40, 10", mode, subs, meta, msgs)
 			}
-			figure(t, "pgbouncer transaction mode, %s: 2 processes, %d deliveries, all 2xx; 40 entitlements and 10 mails stored", mode, len(answers))
+			var token int64
+			eventually(t, time.Minute, "a Resend sweep recorded under its lease through pgbouncer", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				err := check.QueryRow(ctx, `SELECT token FROM scheduled_jobs WHERE name = 'sweep_resend'`).Scan(&token)
+				return err == nil && token > 0
+			})
+			for i, svc := range svcs {
+				b, err := os.ReadFile(svc.LogPath())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, line := range strings.Split(string(b), "\n") {
+					if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, "lost its lease") {
+						t.Errorf("process %d logged through pgbouncer (%s): %s", i, mode, line)
+					}
+				}
+			}
+			figure(t, "pgbouncer transaction mode, %s: 2 processes, %d deliveries, all 2xx; 40 entitlements and 10 mails stored; sweep recorded under lease token %d", mode, len(answers), token)
 		})
 	}
 }

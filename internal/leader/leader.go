@@ -1,18 +1,17 @@
-// Package leader runs a job on one replica at a time. A replica that wants
-// to run it takes a Postgres session advisory lock with
-// pg_try_advisory_lock on a dedicated connection, opened for the attempt
-// and held for the whole run: the others find it taken and pass. The
-// connection must be a session of its own (direct, or session-pooled: a
-// transaction pooler would hand the lock's session to someone else), so
-// it is not the service's pool. The lock belongs to the
-// session, so a leader that dies (its process, or its connection) frees it
-// with its session, and the next replica to try takes over. While it runs,
-// the leader checks its connection; when that is gone, so is the lock, and
-// the run's context is cancelled, so that two runs never overlap for long.
+// Package leader runs a job on one replica at a time, under a lease: a
+// row of leader_leases that a replica takes over the service's pool (any
+// pooler will do: no session is kept) and renews while it runs. The lease
+// is judged by Postgres's clock, so a leader that stops renewing, dead,
+// frozen or cut off, loses it within its TTL and the next replica to try
+// takes over. A leader that wakes up late finds its run's context
+// cancelled, and whatever it still tries to write is refused: every write
+// of a run checks the lease's fencing token in its own transaction
+// (Fence.Check), which also holds the lease until that transaction ends.
 //
-// A scheduled job (Schedule) also records, in the table scheduled_jobs,
+// A scheduled job (Scheduler) also records, in the table scheduled_jobs,
 // when its last successful run began and ended, so that any replica, after
-// any restart, knows when it is due and what its position is.
+// any restart, knows when it is due and what its position is; that record
+// is a fenced write.
 package leader
 
 import (
@@ -27,95 +26,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ErrLost is the cause of a run's context when its lock's session ended
-// during the run.
-var ErrLost = errors.New("leader: lock lost with its database session")
-
-// Lock is a named session advisory lock. Its key is hashtext(name) in
-// pg_try_advisory_lock's one-bigint key space, apart from the two-int keys
-// that pg_advisory_xact_lock(int, int) takes elsewhere in the service.
-type Lock struct {
-	connect Connect
-	name    string
-	// check is how often a held lock's connection is checked.
-	check time.Duration
-}
-
-// Connect opens a dedicated connection (a session of its own).
-type Connect func(ctx context.Context) (*pgx.Conn, error)
-
-// Dial is a Connect to the database at url.
-func Dial(url string) Connect {
-	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) }
-}
-
-// NewLock returns the lock called name, taken on connections from connect.
-func NewLock(connect Connect, name string) *Lock {
-	return &Lock{connect: connect, name: name, check: 5 * time.Second}
-}
-
-// TryRun runs fn holding the lock, and reports whether it ran: false, with
-// no error, when another session holds the lock. fn's context ends when
-// ctx does or when the lock's connection is gone (cause ErrLost). The lock
-// is released when fn returns, with its session: the connection is closed.
-func (l *Lock) TryRun(ctx context.Context, fn func(context.Context) error) (bool, error) {
-	conn, err := l.connect(ctx)
-	if err != nil {
-		return false, fmt.Errorf("lock %s: %w", l.name, err)
-	}
-	defer closeConn(conn)
-	var held bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, l.name).Scan(&held); err != nil {
-		return false, fmt.Errorf("lock %s: %w", l.name, err)
-	}
-	if !held {
-		return false, nil
-	}
-
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	watched := make(chan struct{})
-	go func() { // ends when fn has returned (cancel below) or the lock is lost
-		defer close(watched)
-		l.watch(runCtx, conn, cancel)
-	}()
-	err = fn(runCtx)
-	cancel(nil)
-	<-watched
-	return true, err
-}
-
-// watch pings the lock's connection until ctx ends; a failed ping means
-// the session, and so the lock, is gone.
-func (l *Lock) watch(ctx context.Context, conn *pgx.Conn, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(l.check)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pingCtx, done := context.WithTimeout(ctx, l.check)
-		err := conn.Ping(pingCtx)
-		done()
-		if err != nil && ctx.Err() == nil {
-			cancel(fmt.Errorf("%w: %s: %w", ErrLost, l.name, err))
-			return
-		}
-	}
-}
-
-// closeConn ends the session, and with it any lock it holds.
-func closeConn(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = conn.Close(ctx)
-}
-
 // Job is work run on a schedule by one replica at a time.
 type Job struct {
-	// Name names the lock and the job's row in scheduled_jobs.
+	// Name names the lease and the job's row in scheduled_jobs.
 	Name string
 	// Interval is the time from one successful run's start to the next.
 	Interval time.Duration
@@ -132,18 +45,18 @@ type Job struct {
 
 // Scheduler checks its jobs every Poll.
 type Scheduler struct {
-	// Pool reads and records the jobs' runs; Connect opens the dedicated
-	// connections of their locks, and only once a job is due.
-	Pool    *pgxpool.Pool
-	Connect Connect
+	// Pool reads and records the jobs' runs and holds their leases.
+	Pool  *pgxpool.Pool
+	Lease LeaseConfig
 	// Poll is how often a replica checks whether a job is due; at most
-	// the job's interval is used.
+	// the job's interval is used. A job whose leader stopped is taken
+	// over within the lease's TTL and one Poll.
 	Poll   time.Duration
 	Logger *slog.Logger
 }
 
 // Run checks j now and every Poll until ctx ends, running it when due
-// under its lock. It returns when ctx ends and a run in progress, whose
+// under its lease. It returns when ctx ends and a run in progress, whose
 // context ends too, has returned.
 func (s Scheduler) Run(ctx context.Context, j Job) {
 	poll := min(s.Poll, j.Interval)
@@ -153,11 +66,17 @@ func (s Scheduler) Run(ctx context.Context, j Job) {
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
 	}
-	lock := NewLock(s.Connect, j.Name)
+	lease := NewLease(s.Pool, j.Name, s.Lease)
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		if err := s.check(ctx, lock, j); err != nil && ctx.Err() == nil {
+		switch err := s.check(ctx, lease, j); {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, ErrLost):
+			// Stopped (frozen, cut off) past the lease's TTL: another
+			// replica may be running it now, so this run records nothing.
+			s.Logger.Warn("scheduled job lost its lease during a run: nothing recorded", "job", j.Name, "err", err)
+		default:
 			s.Logger.Error("scheduled job failed", "job", j.Name, "err", err)
 		}
 		select {
@@ -170,7 +89,7 @@ func (s Scheduler) Run(ctx context.Context, j Job) {
 
 // check reports the last success, then runs the job if it is due and no
 // other replica runs it.
-func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
+func (s Scheduler) check(ctx context.Context, lease *Lease, j Job) error {
 	last, err := s.last(ctx, j.Name)
 	if err != nil {
 		return err
@@ -181,8 +100,8 @@ func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
 	if !last.started.IsZero() && time.Since(last.started) < j.Interval {
 		return nil
 	}
-	_, err = lock.TryRun(ctx, func(ctx context.Context) error {
-		// Again under the lock: another replica may have run it meanwhile.
+	_, err = lease.TryRun(ctx, func(ctx context.Context, f Fence) error {
+		// Again under the lease: another replica may have run it meanwhile.
 		last, err := s.last(ctx, j.Name)
 		if err != nil || (!last.started.IsZero() && time.Since(last.started) < j.Interval) {
 			return err
@@ -197,10 +116,8 @@ func (s Scheduler) check(ctx context.Context, lock *Lock, j Job) error {
 			return fmt.Errorf("record %s: %w", j.Name, err)
 		}
 		end := time.Now()
-		const q = `INSERT INTO scheduled_jobs (name, started_at, succeeded_at, result) VALUES ($1, $2, $3, $4)
-ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at = EXCLUDED.succeeded_at, result = EXCLUDED.result`
-		if _, err := s.Pool.Exec(ctx, q, j.Name, start, end, string(result)); err != nil {
-			return fmt.Errorf("record %s: %w", j.Name, err)
+		if err := record(ctx, s.Pool, f, j.Name, start, end, result); err != nil {
+			return err
 		}
 		if j.Succeeded != nil {
 			j.Succeeded(end, result)
@@ -208,6 +125,26 @@ ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at 
 		return nil
 	})
 	return err
+}
+
+// record keeps a successful run in scheduled_jobs, fenced: a run whose
+// lease was lost (its leader froze past the TTL, and another may have run
+// and recorded since) records nothing, and returns ErrLost.
+func record(ctx context.Context, pool *pgxpool.Pool, f Fence, name string, start, end time.Time, result []byte) error {
+	const q = `INSERT INTO scheduled_jobs (name, started_at, succeeded_at, result, token) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, succeeded_at = EXCLUDED.succeeded_at,
+    result = EXCLUDED.result, token = EXCLUDED.token`
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := f.Check(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, q, name, start, end, string(result), f.Token())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record %s: %w", name, err)
+	}
+	return nil
 }
 
 type lastRun struct {

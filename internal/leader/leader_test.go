@@ -9,99 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
-
-// replica is one process's pool on a shared database.
-func replica(t *testing.T, url string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// TestTryRunOneAtATime: while one replica holds the lock, another's
-// TryRun passes without running; once it is released, it runs.
-func TestTryRunOneAtATime(t *testing.T) {
-	t.Parallel()
-	url := dbtest.NewDatabase(t)
-	a, b := NewLock(Dial(url), "job"), NewLock(Dial(url), "job")
-	inside := make(chan struct{})
-	leave := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := a.TryRun(t.Context(), func(context.Context) error {
-			close(inside)
-			<-leave
-			return nil
-		})
-		done <- err
-	}()
-	<-inside
-	ran, err := b.TryRun(t.Context(), func(context.Context) error { return nil })
-	if err != nil || ran {
-		t.Fatalf("second replica ran = %t, %v; want false: the lock is held", ran, err)
-	}
-	close(leave)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if ran, err := b.TryRun(t.Context(), func(context.Context) error { return nil }); err != nil || !ran {
-		t.Fatalf("after release: ran = %t, %v; want true", ran, err)
-	}
-}
-
-// TestLeaderKilledHandsOver: the leader's session is terminated mid-run
-// (as when its process dies, or its connection drops): the lock is free at
-// once for another replica, and the old leader's run is cancelled with
-// ErrLost.
-func TestLeaderKilledHandsOver(t *testing.T) {
-	t.Parallel()
-	url := dbtest.NewDatabase(t)
-	admin := replica(t, url)
-	a, b := NewLock(Dial(url), "job"), NewLock(Dial(url), "job")
-	a.check = 50 * time.Millisecond
-	inside := make(chan struct{})
-	cause := make(chan error, 1)
-	go func() {
-		_, _ = a.TryRun(t.Context(), func(ctx context.Context) error {
-			close(inside)
-			<-ctx.Done()
-			cause <- context.Cause(ctx)
-			return nil
-		})
-	}()
-	<-inside
-	const kill = `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = hashtext('job')::oid AND granted`
-	var killed bool
-	if err := admin.QueryRow(t.Context(), kill).Scan(&killed); err != nil || !killed {
-		t.Fatalf("terminate the leader's session: %t, %v", killed, err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ran, err := b.TryRun(t.Context(), func(context.Context) error { return nil })
-		if ran && err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second replica never took over: %t, %v", ran, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	select {
-	case err := <-cause:
-		if !errors.Is(err, ErrLost) {
-			t.Errorf("old leader's run ended with %v, want ErrLost", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the old leader's run was not cancelled")
-	}
-}
 
 // TestSchedulerRunsOnceAndRemembers: two replicas' schedulers run a due
 // job once between them, hand the next run the first one's start as its
@@ -124,7 +33,7 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	for range 2 {
-		s := Scheduler{Pool: replica(t, url), Connect: Dial(url), Poll: 20 * time.Millisecond, Logger: logger}
+		s := Scheduler{Pool: replica(t, url), Poll: 20 * time.Millisecond, Logger: logger}
 		wg.Go(func() { s.Run(ctx, job) })
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -145,8 +54,8 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	var heard time.Time
 	var result string
 	job.Succeeded = func(at time.Time, r []byte) { heard, result = at, string(r) }
-	s := Scheduler{Pool: pool, Connect: Dial(url), Poll: time.Hour, Logger: logger}
-	if err := s.check(t.Context(), NewLock(Dial(url), job.Name), job); err != nil {
+	s := Scheduler{Pool: pool, Poll: time.Hour, Logger: logger}
+	if err := s.check(t.Context(), NewLease(pool, job.Name, s.Lease), job); err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 2 || heard.IsZero() || result != `{"n":2}` {
@@ -154,5 +63,37 @@ func TestSchedulerRunsOnceAndRemembers(t *testing.T) {
 	}
 	if !sinces[1].Before(time.Now().Add(-time.Hour)) {
 		t.Errorf("second run's since = %v, want the first run's start", sinces[1])
+	}
+}
+
+// TestSchedulerLateRunRecordsNothing: a run that goes on after its lease
+// was taken over (its leader froze past the TTL and woke, and its pass
+// ignores the cancelled context to finish) records nothing: the
+// successor's record stands, and the late run is reported as ErrLost.
+func TestSchedulerLateRunRecordsNothing(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t)
+	admin := replica(t, url)
+	successor := NewLease(admin, "sweep_test", LeaseConfig{TTL: time.Minute, Holder: "b"})
+	job := Job{Name: "sweep_test", Interval: time.Hour, Run: func(ctx context.Context, _ time.Time) (any, error) {
+		// Meanwhile: the lease expires, the successor takes it and records.
+		expire(t, admin, "sweep_test")
+		f, ok, err := successor.acquire(t.Context())
+		if err != nil || !ok {
+			t.Fatalf("successor acquires: %t, %v", ok, err)
+		}
+		if err := record(t.Context(), admin, f, "sweep_test", time.Now(), time.Now(), []byte(`"successor"`)); err != nil {
+			t.Fatal(err)
+		}
+		return "late", nil
+	}}
+	s := Scheduler{Pool: replica(t, url), Poll: time.Hour, Lease: LeaseConfig{TTL: time.Minute, Holder: "a"}}
+	err := s.check(t.Context(), NewLease(s.Pool, job.Name, s.Lease), job)
+	if !errors.Is(err, ErrLost) {
+		t.Errorf("late run: %v, want ErrLost", err)
+	}
+	var result string
+	if err := admin.QueryRow(t.Context(), `SELECT result::text FROM scheduled_jobs WHERE name = 'sweep_test'`).Scan(&result); err != nil || result != `"successor"` {
+		t.Errorf("scheduled_jobs result = %s, %v; want the successor's", result, err)
 	}
 }

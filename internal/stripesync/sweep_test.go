@@ -64,7 +64,7 @@ func TestSweepRecoversUndelivered(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	job := r.sweepJob(reg, 5*time.Minute)
-	s := leader.Scheduler{Pool: r.pool, Connect: leader.Dial(r.pool.Config().ConnString()), Poll: time.Minute, Logger: r.logger}
+	s := leader.Scheduler{Pool: r.pool, Poll: time.Minute, Logger: r.logger}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	s.Run(ctx, job) // one pass, then polls until the timeout
 	cancel()
@@ -125,7 +125,7 @@ func TestSweepTwoReplicas(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, pool := range []*pgxpool.Pool{r.pool, r.replica(t)} {
 		job := r.sweepJob(regs[i], time.Hour)
-		s := leader.Scheduler{Pool: pool, Connect: leader.Dial(pool.Config().ConnString()), Poll: 50 * time.Millisecond, Logger: r.logger}
+		s := leader.Scheduler{Pool: pool, Poll: 50 * time.Millisecond, Logger: r.logger}
 		wg.Go(func() { s.Run(ctx, job) })
 	}
 	wg.Wait()
