@@ -68,6 +68,10 @@ type config struct {
 	VerifyInterval time.Duration `env:"VERIFY_INTERVAL" envDefault:"24h"`
 	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5m"`
 
+	// DevMode lets serve start with the secrets published in this
+	// repository (make dev, compose); anyone can sign with those.
+	DevMode bool `env:"DEV_MODE" envDefault:"false"`
+
 	// Parsed by validate.
 	resendWebhook  *svix.Webhook
 	resendAPIURL   *url.URL
@@ -312,7 +316,35 @@ func (c *config) validate() []error {
 	c.ClaimConfig.check(add)
 	c.checkDurations(add)
 	c.checkLimits(add)
+	c.checkPublished(add)
 	return p
+}
+
+// checkPublished refuses, outside DEV_MODE, the dev-only credentials
+// written in this repository (Makefile's dev target, docker-compose.yml,
+// README.md): anyone who reads them can sign a delivery. Each variable
+// holding one is named. A webhook secret is compared without its whsec_
+// prefix, which svix takes either way; a URL is searched for the password.
+func (c *config) checkPublished(add addProblem) {
+	if c.DevMode {
+		return
+	}
+	const devPassword = "dev_only_postgres_password"
+	published := []struct {
+		name    string
+		matches bool
+	}{
+		{"STRIPE_WEBHOOK_SECRET", strings.TrimPrefix(strings.TrimSpace(string(c.StripeWebhookSecret)), "whsec_") == "dev_only_stripe"},
+		{"RESEND_WEBHOOK_SECRET", strings.TrimPrefix(strings.TrimSpace(string(c.ResendWebhookSecret)), "whsec_") == "ZGV2LW9ubHktcmVzZW5kLXNlY3JldA=="},
+		{"RESEND_API_KEY", strings.TrimSpace(string(c.ResendAPIKey)) == "re_dev_only"},
+		{"DATABASE_URL", strings.Contains(string(c.DatabaseURL), devPassword)},
+		{"MIGRATE_DATABASE_URL", strings.Contains(string(c.MigrateDatabaseURL), devPassword)},
+	}
+	for _, p := range published {
+		if p.matches {
+			add("%s is a secret published in this repository (make dev, docker-compose.yml): anyone can sign with it; want your own secret, or DEV_MODE=true on a development machine", p.name)
+		}
+	}
 }
 
 type addProblem func(format string, args ...any)

@@ -247,6 +247,24 @@ func TestComposeEnvironment(t *testing.T) {
 		t.Fatalf("the service's environment does not load:\n%v", err)
 	}
 
+	t.Run("its secrets are refused outside DEV_MODE", func(t *testing.T) {
+		if env["DEV_MODE"] != "true" {
+			t.Fatalf("DEV_MODE = %q, want true: serve refuses the published secrets otherwise", env["DEV_MODE"])
+		}
+		var prod []string
+		for _, kv := range svc.Environ() {
+			if !strings.HasPrefix(kv, "DEV_MODE=") {
+				prod = append(prod, kv)
+			}
+		}
+		_, err := loadConfig(prod)
+		for _, name := range []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "RESEND_WEBHOOK_SECRET", "RESEND_API_KEY"} {
+			if err == nil || !strings.Contains(err.Error(), name+" is a secret published") {
+				t.Errorf("without DEV_MODE, compose's %s is not refused: %v", name, err)
+			}
+		}
+	})
+
 	t.Run("the credentials are dev-only and look it", func(t *testing.T) {
 		// The secrets themselves, and the passwords in URLs.
 		for name := range secretNames[config]() {
