@@ -67,6 +67,11 @@ type config struct {
 	// sweeps (0: off), one replica at a time.
 	VerifyInterval time.Duration `env:"VERIFY_INTERVAL" envDefault:"24h"`
 	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5m"`
+	// SweepMaxPages bounds the pages one Resend sweep pass reads.
+	SweepMaxPages int `env:"SWEEP_MAX_PAGES" envDefault:"50"`
+	// MailInflightBytes bounds the bytes all inbound mail in flight holds
+	// at once (answers, attachment lists, downloads in memory and on disk).
+	MailInflightBytes int64 `env:"MAIL_INFLIGHT_BYTES" envDefault:"67108864"`
 
 	// DevMode lets serve start with the secrets published in this
 	// repository (make dev, compose); anyone can sign with those.
@@ -484,6 +489,11 @@ func (c *config) checkLimits(add addProblem) {
 		// most half of it, and a 1 MiB delivery must fit there.
 		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20, "a size in bytes, such as 33554432 (32 MiB)"},
 		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1, "connections per listener, such as 1024"},
+		{"SWEEP_MAX_PAGES", int64(c.SweepMaxPages), 1, "pages a sweep pass reads, such as 50"},
+		// One mail at the caps must fit alone: its answer, a page of its
+		// attachment list and one attachment of the largest size stored.
+		{"MAIL_INFLIGHT_BYTES", c.MailInflightBytes, resendhook.MinMailInflightBytes(max(c.SupportAttachmentMaxBytes, 0)),
+			"a size in bytes, such as 67108864 (64 MiB); the least is one mail at the caps with one attachment of SUPPORT_ATTACHMENT_MAX_BYTES"},
 	}
 	for _, v := range atLeast {
 		if v.got < v.min {

@@ -133,7 +133,9 @@ func podEnviron[T any](t *testing.T, m deploy.Manifests, c deploy.Container) ([]
 	standIn["REDIS_URL"] = "redis://stand-in:6379/0"
 	byName := map[string]deploy.Var{}
 	for _, v := range vars {
-		if !known[v.Name] {
+		// GOMEMLIMIT is the Go runtime's own: the pod's memory limit less
+		// a margin, so that garbage is collected before the kernel kills.
+		if !known[v.Name] && v.Name != "GOMEMLIMIT" {
 			t.Errorf("container %s: %s (%s) is not a variable of config.go", c.Name, v.Name, v.From)
 		}
 		if secrets[v.Name] && v.From != "secretKeyRef" {
@@ -191,6 +193,14 @@ func TestDeploymentEnvironment(t *testing.T) {
 
 	t.Run("ports: http is LISTEN_ADDR, metrics is METRICS_ADDR", func(t *testing.T) {
 		checkPorts(t, cfg, pod)
+	})
+
+	t.Run("GOMEMLIMIT under the memory limit", func(t *testing.T) {
+		// The mail budget bounds what is held; GOMEMLIMIT makes the runtime
+		// collect the garbage it leaves before the pod's limit is reached.
+		if vars["GOMEMLIMIT"].Value != "200MiB" || c.Resources.Limits["memory"] != "256Mi" {
+			t.Errorf("GOMEMLIMIT %q with a memory limit of %q, want 200MiB under 256Mi", vars["GOMEMLIMIT"].Value, c.Resources.Limits["memory"])
+		}
 	})
 
 	t.Run("shutdown fits in the grace period", func(t *testing.T) {

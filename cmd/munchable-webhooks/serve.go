@@ -138,6 +138,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Registerer: registry,
 
 		AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
+		InflightBytes:        cfg.MailInflightBytes,
 		DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
 	})
 	handler := newServer(logger, routes{
@@ -216,7 +217,7 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	}
 	// Resend keeps received mail for a while its docs do not state: no
 	// horizon to warn about; WebhookSweepStale covers a sweep that stops.
-	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint)}, sweeps))
+	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint, cfg.SweepMaxPages)}, sweeps))
 	return wg.Wait
 }
 
