@@ -175,7 +175,7 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 		return dl, nil
 	}
 	if err != nil {
-		return download{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
+		return download{}, fmt.Errorf("download attachment %s: %w", a.Id, withoutQuery(err))
 	}
 	defer resp.Body.Close()
 	switch {
@@ -208,6 +208,21 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 		return download{}, fmt.Errorf("download attachment %s: %d bytes of %d", a.Id, dl.at.Size, resp.ContentLength)
 	}
 	return dl, nil
+}
+
+// withoutQuery drops the query from the URL an *url.Error names: a signed
+// download URL is a bearer credential, and the error reaches the log and
+// webhook_events.last_error.
+func withoutQuery(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	if u, perr := url.Parse(ue.URL); perr == nil {
+		u.RawQuery, u.Fragment, u.User = "", "", nil
+		return &url.Error{Op: ue.Op, URL: u.String() + "?[signature removed]", Err: ue.Err}
+	}
+	return &url.Error{Op: ue.Op, URL: "[download URL]", Err: ue.Err}
 }
 
 // receive reads body to its end: the first inMemoryBytes into memory, the
