@@ -136,6 +136,7 @@ dev: deps-dev build
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devresend ./tools/devresend
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/devstripe ./tools/devstripe
 	LISTEN_ADDR="$${LISTEN_ADDR:-127.0.0.1:8080}" \
+	DEV_MODE=true \
 	STRIPE_WEBHOOK_SECRET="$${STRIPE_WEBHOOK_SECRET:-whsec_dev_only_stripe}" \
 	RESEND_WEBHOOK_SECRET="$${RESEND_WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==}" \
 	RESEND_API_KEY="$${RESEND_API_KEY:-re_dev_only}" \

@@ -43,10 +43,6 @@ type config struct {
 	// reach loopback and private addresses: tests and private mirrors only.
 	ResendDownloadAllowPrivate bool `env:"RESEND_DOWNLOAD_ALLOW_PRIVATE" envDefault:"false"`
 
-	// DevMode says this is make dev or compose: serve takes the dev-only
-	// secrets published in this repository only with it.
-	DevMode bool `env:"DEV_MODE" envDefault:"false"`
-
 	SupportInboundAddresses   []string `env:"SUPPORT_INBOUND_ADDRESSES"`
 	SupportAttachmentMaxBytes int64    `env:"SUPPORT_ATTACHMENT_MAX_BYTES" envDefault:"10485760"`
 	SupportFormRate           int      `env:"SUPPORT_FORM_RATE" envDefault:"10"`
@@ -85,6 +81,16 @@ type config struct {
 	AppWebhookSecret    secret   `env:"APP_WEBHOOK_SECRET"`
 	AppWebhookKinds     []string `env:"APP_WEBHOOK_KINDS" envDefault:"subscription,customer_features,checkout_session,support_message"`
 	AppWebhookAllowHTTP bool     `env:"APP_WEBHOOK_ALLOW_HTTP" envDefault:"false"`
+
+	// SweepMaxPages bounds the pages one Resend sweep pass reads.
+	SweepMaxPages int `env:"SWEEP_MAX_PAGES" envDefault:"50"`
+	// MailInflightBytes bounds the bytes all inbound mail in flight holds
+	// at once (answers, attachment lists, downloads in memory and on disk).
+	MailInflightBytes int64 `env:"MAIL_INFLIGHT_BYTES" envDefault:"67108864"`
+
+	// DevMode lets serve start with the secrets published in this
+	// repository (make dev, compose); anyone can sign with those.
+	DevMode bool `env:"DEV_MODE" envDefault:"false"`
 
 	// Parsed by validate.
 	resendWebhook *svix.Webhook
@@ -335,7 +341,36 @@ func (c *config) validate() []error {
 	c.RelayConfig.check(add)
 	c.checkDurations(add)
 	c.checkLimits(add)
+	c.checkPublished(add)
 	return p
+}
+
+// checkPublished refuses, outside DEV_MODE, the dev-only credentials
+// written in this repository (Makefile's dev target, docker-compose.yml,
+// README.md): anyone who reads them can sign a delivery. Each variable
+// holding one is named. A webhook secret is compared without its whsec_
+// prefix, which svix takes either way; a URL is searched for the password.
+func (c *config) checkPublished(add addProblem) {
+	if c.DevMode {
+		return
+	}
+	const devPassword = "dev_only_postgres_password"
+	published := []struct {
+		name    string
+		matches bool
+	}{
+		{"STRIPE_WEBHOOK_SECRET", strings.TrimPrefix(strings.TrimSpace(string(c.StripeWebhookSecret)), "whsec_") == "dev_only_stripe"},
+		{"RESEND_WEBHOOK_SECRET", strings.TrimPrefix(strings.TrimSpace(string(c.ResendWebhookSecret)), "whsec_") == "ZGV2LW9ubHktcmVzZW5kLXNlY3JldA=="},
+		{"RESEND_API_KEY", strings.TrimSpace(string(c.ResendAPIKey)) == "re_dev_only"},
+		{"STRIPE_API_KEY", strings.TrimSpace(string(c.StripeAPIKey)) == "sk_test_dev_only"},
+		{"DATABASE_URL", strings.Contains(string(c.DatabaseURL), devPassword)},
+		{"MIGRATE_DATABASE_URL", strings.Contains(string(c.MigrateDatabaseURL), devPassword)},
+	}
+	for _, p := range published {
+		if p.matches {
+			add("%s is a secret published in this repository (make dev, docker-compose.yml): anyone can sign or call with it; want your own secret, or DEV_MODE=true on a development machine", p.name)
+		}
+	}
 }
 
 type addProblem func(format string, args ...any)
@@ -528,6 +563,11 @@ func (c *config) checkLimits(add addProblem) {
 		// most half of it, and a 1 MiB delivery must fit there.
 		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20, "a size in bytes, such as 33554432 (32 MiB)"},
 		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1, "connections per listener, such as 1024"},
+		{"SWEEP_MAX_PAGES", int64(c.SweepMaxPages), 1, "pages a sweep pass reads, such as 50"},
+		// One mail at the caps must fit alone: its answer, a page of its
+		// attachment list and one attachment of the largest size stored.
+		{"MAIL_INFLIGHT_BYTES", c.MailInflightBytes, resendhook.MinMailInflightBytes(max(c.SupportAttachmentMaxBytes, 0)),
+			"a size in bytes, such as 67108864 (64 MiB); the least is one mail at the caps with one attachment of SUPPORT_ATTACHMENT_MAX_BYTES"},
 	}
 	for _, v := range atLeast {
 		if v.got < v.min {

@@ -290,3 +290,33 @@ func TestAppWebhookConfig(t *testing.T) {
 		t.Errorf("warnings = %q, want one about the secret without a URL", w)
 	}
 }
+
+// TestPublishedSecretsRefused: each secret published in this repository
+// (make dev, docker-compose.yml) is refused by serve, naming its variable,
+// unless DEV_MODE=true.
+func TestPublishedSecretsRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, value string
+	}{
+		{"STRIPE_WEBHOOK_SECRET", "whsec_dev_only_stripe"},
+		{"RESEND_WEBHOOK_SECRET", "whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA=="},
+		{"RESEND_WEBHOOK_SECRET", "ZGV2LW9ubHktcmVzZW5kLXNlY3JldA=="}, // svix takes it bare too
+		{"RESEND_API_KEY", "re_dev_only"},
+		{"STRIPE_API_KEY", "sk_test_dev_only"},
+		{"DATABASE_URL", "postgres://munchable:dev_only_postgres_password@db:5432/munchable"},
+		{"MIGRATE_DATABASE_URL", "postgres://munchable:dev_only_postgres_password@db:5432/munchable"},
+	}
+	for _, tc := range tests {
+		env := validEnv()
+		env[tc.name] = tc.value
+		_, err := loadConfig(environ(env))
+		if err == nil || !strings.Contains(err.Error(), tc.name+" is a secret published in this repository") {
+			t.Errorf("%s=%s: loadConfig error %v, want one naming %s as published", tc.name, tc.value, err, tc.name)
+		}
+		env["DEV_MODE"] = "true"
+		if _, err := loadConfig(environ(env)); err != nil {
+			t.Errorf("%s=%s with DEV_MODE=true: %v, want it accepted", tc.name, tc.value, err)
+		}
+	}
+}

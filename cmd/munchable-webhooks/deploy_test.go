@@ -133,7 +133,9 @@ func podEnviron[T any](t *testing.T, m deploy.Manifests, c deploy.Container) ([]
 	standIn["REDIS_URL"] = "redis://stand-in:6379/0"
 	byName := map[string]deploy.Var{}
 	for _, v := range vars {
-		if !known[v.Name] {
+		// GOMEMLIMIT is the Go runtime's own: the pod's memory limit less
+		// a margin, so that garbage is collected before the kernel kills.
+		if !known[v.Name] && v.Name != "GOMEMLIMIT" {
 			t.Errorf("container %s: %s (%s) is not a variable of config.go", c.Name, v.Name, v.From)
 		}
 		if secrets[v.Name] && v.From != "secretKeyRef" {
@@ -193,6 +195,14 @@ func TestDeploymentEnvironment(t *testing.T) {
 		checkPorts(t, cfg, pod)
 	})
 
+	t.Run("GOMEMLIMIT under the memory limit", func(t *testing.T) {
+		// The mail budget bounds what is held; GOMEMLIMIT makes the runtime
+		// collect the garbage it leaves before the pod's limit is reached.
+		if vars["GOMEMLIMIT"].Value != "200MiB" || c.Resources.Limits["memory"] != "256Mi" {
+			t.Errorf("GOMEMLIMIT %q with a memory limit of %q, want 200MiB under 256Mi", vars["GOMEMLIMIT"].Value, c.Resources.Limits["memory"])
+		}
+	})
+
 	t.Run("shutdown fits in the grace period", func(t *testing.T) {
 		// The kubelet's SIGKILL must not cut a delivery short.
 		grace := pod.Spec.TerminationGracePeriodSeconds
@@ -246,6 +256,24 @@ func TestComposeEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the service's environment does not load:\n%v", err)
 	}
+
+	t.Run("its secrets are refused outside DEV_MODE", func(t *testing.T) {
+		if env["DEV_MODE"] != "true" {
+			t.Fatalf("DEV_MODE = %q, want true: serve refuses the published secrets otherwise", env["DEV_MODE"])
+		}
+		var prod []string
+		for _, kv := range svc.Environ() {
+			if !strings.HasPrefix(kv, "DEV_MODE=") {
+				prod = append(prod, kv)
+			}
+		}
+		_, err := loadConfig(prod)
+		for _, name := range []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "RESEND_WEBHOOK_SECRET", "RESEND_API_KEY"} {
+			if err == nil || !strings.Contains(err.Error(), name+" is a secret published") {
+				t.Errorf("without DEV_MODE, compose's %s is not refused: %v", name, err)
+			}
+		}
+	})
 
 	t.Run("the credentials are dev-only and look it", func(t *testing.T) {
 		// The secrets themselves, and the passwords in URLs.
@@ -339,8 +367,10 @@ func checkPorts(t *testing.T, cfg config, pod deploy.PodTemplate) {
 			}
 			continue
 		}
-		if get := p.probe.HTTPGet; get.Path != p.path || c.Port(get.Port) != port {
-			t.Errorf("%s probe GET %s on port %q, want %s on %d", p.name, get.Path, get.Port.Value, p.path, port)
+		// On METRICS_ADDR, which serves the probes too: the public port's
+		// connections can all be held by anyone.
+		if get := p.probe.HTTPGet; get.Path != p.path || c.Port(get.Port) != metricsPort {
+			t.Errorf("%s probe GET %s on port %q, want %s on %d (METRICS_ADDR)", p.name, get.Path, get.Port.Value, p.path, metricsPort)
 		}
 	}
 }

@@ -41,3 +41,12 @@ func addRoutes(r chi.Router, rt routes) {
 	r.Method(http.MethodOptions, "/support/messages", rt.form.Preflight())
 	r.Method(http.MethodPost, "/support/messages", rt.form.Submit())
 }
+
+// addPrivateRoutes is the METRICS_ADDR listener's surface: /metrics, and
+// /healthz and /readyz again, so that the kubelet's probes need not share
+// the public listener, whose connections anyone can hold.
+func addPrivateRoutes(mux *http.ServeMux, metrics http.Handler, postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool) {
+	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /healthz", handleHealthz())
+	mux.Handle("GET /readyz", handleReadyz(postgres, claims, draining))
+}

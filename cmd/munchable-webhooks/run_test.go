@@ -216,8 +216,9 @@ func get(t *testing.T, url string) (int, string) {
 	return r.StatusCode, string(body)
 }
 
-// With METRICS_ADDR set, /metrics is served only on that listener: the
-// public one, which the load balancer exposes, answers 404 for it. The
+// With METRICS_ADDR set, /metrics is served only on that listener (with
+// /healthz and /readyz): the public one, which the load balancer exposes,
+// answers 404 for it. The
 // build is labelled, and the delivery log line carries its duration in ms.
 func TestMetricsOnTheirOwnListener(t *testing.T) {
 	t.Parallel()
@@ -246,9 +247,16 @@ func TestMetricsOnTheirOwnListener(t *testing.T) {
 			t.Errorf("/metrics on METRICS_ADDR lacks %q", want)
 		}
 	}
-	// Only /metrics there: the webhooks stay on the public listener.
-	if status, _ := get(t, strings.TrimSuffix(metricsURL, "/metrics")+"/readyz"); status != http.StatusNotFound {
-		t.Errorf("GET /readyz on METRICS_ADDR = %d, want 404", status)
+	// The probes there too, so that the kubelet need not queue behind the
+	// public listener's connections; the webhooks stay on the public one.
+	base := strings.TrimSuffix(metricsURL, "/metrics")
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if status, _ := get(t, base+path); status != http.StatusOK {
+			t.Errorf("GET %s on METRICS_ADDR = %d, want 200", path, status)
+		}
+	}
+	if status, _ := get(t, base+"/support"); status != http.StatusNotFound {
+		t.Errorf("GET /support on METRICS_ADDR = %d, want 404", status)
 	}
 
 	var delivery map[string]any

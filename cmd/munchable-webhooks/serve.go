@@ -144,6 +144,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Registerer: registry,
 
 		AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
+		InflightBytes:        cfg.MailInflightBytes,
 		DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
 	})
 	handler := newServer(logger, routes{
@@ -160,7 +161,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		store: store, stripe: stripe, stripeEndpoint: flow.Endpoint(cfg.provider("stripe")),
 		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
 	})
-	err = listenAndServe(ctx, stop, cfg, logger, handler, metrics, &draining)
+	private := http.NewServeMux()
+	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining)
+	err = listenAndServe(ctx, stop, cfg, logger, handler, private, &draining)
 	stopJobs()
 	jobsDone()
 	return err
@@ -223,7 +226,7 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	}
 	// Resend keeps received mail for a while its docs do not state: no
 	// horizon to warn about; WebhookSweepStale covers a sweep that stops.
-	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint)}, sweeps))
+	start(sweep.Job(sweep.Source{Provider: "resend", Pass: s.resend.SweepPass(s.resendEndpoint, cfg.SweepMaxPages)}, sweeps))
 	return wg.Wait
 }
 
@@ -271,7 +274,8 @@ func publicMetrics(cfg config, metrics http.Handler) http.Handler {
 // so the load balancer stops sending; then the listener closes and
 // in-flight deliveries finish under their deadline, releasing any claim
 // they cannot complete.
-func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, metrics http.Handler, draining *atomic.Bool) error {
+// private is what METRICS_ADDR serves, when set.
+func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, private http.Handler, draining *atomic.Bool) error {
 	errorLog := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	// A delivery may run for the whole handler deadline before it answers.
 	srv := limitedServer(handler, errorLog, 30*time.Second,
@@ -279,9 +283,7 @@ func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.L
 	servers := []*http.Server{srv}
 	addrs := []string{cfg.ListenAddr}
 	if cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", metrics)
-		servers = append(servers, limitedServer(mux, errorLog, metricsReadTimeout, metricsWriteTimeout, metricsIdleTimeout, cfg.MaxConnections))
+		servers = append(servers, limitedServer(private, errorLog, metricsReadTimeout, metricsWriteTimeout, metricsIdleTimeout, cfg.MaxConnections))
 		addrs = append(addrs, cfg.MetricsAddr)
 	}
 	served := make(chan error, len(servers))

@@ -96,7 +96,20 @@ type verdict struct {
 	effect Effect
 	// err is why the handler failed, or why the delivery was rejected.
 	err error
+	// busy: Apply could not get its share of a budget (ErrBusy) in time;
+	// nothing ran to its end, so the answer is 503 and nothing is kept.
+	busy bool
 }
+
+// ErrBusy is returned (wrapped) by an Apply that could not get the
+// resources it needs within a short wait (the inbound mail budget): the
+// delivery answers 503 with Retry-After, its claim is given back without
+// counting a failure, and the ledger keeps nothing; the provider retries.
+var ErrBusy = errors.New("busy")
+
+// BusyRetry is the Retry-After of an ErrBusy answer: what holds the budget
+// is mail being fetched, which takes seconds.
+const BusyRetry = 10 * time.Second
 
 // FlowConfig configures a Flow. A nil Logger discards; a nil Registerer
 // leaves the metrics unregistered.
@@ -219,7 +232,7 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		// and the stores make a second application harmless.
 		v := f.apply(ctx, p, ev)
 		v.degraded, v.redisErr = reason, err
-		if v.err != nil {
+		if v.err != nil && !v.busy {
 			f.recordFailure(context.WithoutCancel(ctx), p, body, ev, v.err)
 		}
 		return v
@@ -245,6 +258,14 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 	// Neither confirm nor release may be cut short by the provider hanging
 	// up: both run on a context detached from the request's cancellation.
 	bg := context.WithoutCancel(ctx)
+	if v.busy {
+		// Not a failure of the event: the claim goes back as if it had not
+		// been taken, and the ledger keeps nothing.
+		if err := f.store.giveBack(bg, p.Name, ev.ID, token); err != nil {
+			v.err = errors.Join(v.err, err)
+		}
+		return v
+	}
 	if v.err != nil {
 		// The failure is recorded while the claim still keeps retries out:
 		// recorded after the release, it could land over the outcome of a
@@ -319,6 +340,9 @@ func (f *Flow) apply(ctx context.Context, p Provider, ev Event) (v verdict) {
 		}
 	}()
 	effect, err := ev.Apply(ctx)
+	if errors.Is(err, ErrBusy) && ctx.Err() == nil {
+		return verdict{outcome: Unavailable, busy: true, retryAfter: BusyRetry, err: err}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("handler deadline %s: %w", f.handlerTimeout, err)
@@ -354,6 +378,8 @@ func (e *Endpoint) record(ctx context.Context, ev Event, v verdict, start time.T
 	}
 	level := slog.LevelInfo
 	switch {
+	case v.busy:
+		level = slog.LevelWarn
 	case v.outcome == Failed || v.outcome == Unavailable:
 		level = slog.LevelError
 	case v.degraded != "" || v.mismatch || v.outcome == Rejected:

@@ -112,6 +112,31 @@ func TestRunInProgressIsNotDuplicate(t *testing.T) {
 	}
 }
 
+// TestRunBusyGivesBack: an Apply turned away for want of a budget
+// (ErrBusy) answers 503 with Retry-After, gives its claim back so that the
+// retry is a first delivery, and counts no failure towards poison.
+func TestRunBusyGivesBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, rdb := newTestStore(t, time.Minute)
+	f := newTestFlow(t, s, time.Second)
+	var c counter
+	busy := fmt.Errorf("mail budget: %w", ErrBusy)
+	for range 3 {
+		o := f.runTest(ctx, stripe, newDelivery("evt_busy", c.apply(busy)))
+		if o.outcome != Unavailable || !o.busy || o.retryAfter != BusyRetry {
+			t.Fatalf("busy run = %+v, want unavailable, busy, Retry-After %s", o, BusyRetry)
+		}
+	}
+	key := s.Key("stripe", "evt_busy")
+	if n := rdb.Exists(ctx, key, failuresKey(key)).Val(); n != 0 {
+		t.Fatalf("%d of the claim and its failure count left after busy runs, want none", n)
+	}
+	if o := f.runTest(ctx, stripe, newDelivery("evt_busy", c.apply(nil))); o.outcome != Processed {
+		t.Fatalf("retry = %+v, want processed", o)
+	}
+}
+
 func TestRunFailureReleasesForRetry(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -321,6 +346,7 @@ func TestRespond(t *testing.T) {
 		{"not JSON", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", ErrNotJSON)}, 415, "", "", ""},
 		{"body too slow", verdict{outcome: Rejected, err: fmt.Errorf("read: %w", intake.ErrTimeout)}, 408, "", "", `{"error":"body not received in time"}`},
 		{"body budget spent", verdict{outcome: Rejected, err: intake.ErrBudget}, 503, "", "5", ""},
+		{"busy", verdict{outcome: Unavailable, busy: true, retryAfter: BusyRetry}, 503, "first", "10", `{"error":"too much mail in flight, retry later"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

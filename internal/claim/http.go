@@ -167,6 +167,7 @@ var (
 	bodyMediaType  = []byte(`{"error":"content type must be application/json"}`)
 	bodyTimeout    = []byte(`{"error":"body not received in time"}`)
 	bodyBusy       = []byte(`{"error":"too many bodies being read, retry later"}`)
+	bodyBusyEffect = []byte(`{"error":"too much mail in flight, retry later"}`)
 )
 
 // respond is the one place a verdict becomes a status code, headers and a
@@ -193,6 +194,10 @@ func respond(w http.ResponseWriter, v verdict) {
 	case Unavailable:
 		status, body = http.StatusServiceUnavailable, bodyUnavail
 		h.Set(HeaderIdempotency, idemDegraded)
+		if v.busy {
+			body = bodyBusyEffect
+			h.Set(HeaderIdempotency, idemFirst)
+		}
 		h.Set("Retry-After", retryAfter(v.retryAfter))
 	case Ignored:
 		status, body = http.StatusOK, bodyIgnored

@@ -202,6 +202,22 @@ func (s *Store) release(ctx context.Context, provider, eventID, token string, fa
 	return n == 1, incr.Val(), nil
 }
 
+// giveBack deletes the caller's own processing claim, as release does,
+// without counting a failure: the attempt was turned away (ErrBusy), it
+// did not fail.
+func (s *Store) giveBack(ctx context.Context, provider, eventID, token string) error {
+	if s.rdb == nil {
+		return ErrNoRedis
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	key := s.Key(provider, eventID)
+	if err := releaseScript.Run(ctx, s.rdb, []string{key}, ownerPrefix(token)).Err(); err != nil {
+		return fmt.Errorf("give back %s: %w", key, err)
+	}
+	return nil
+}
+
 // Ping reports whether Redis answers within the timeout. It says nothing
 // about whether a claim would work there: Probe does.
 func (s *Store) Ping(ctx context.Context) error {

@@ -60,6 +60,8 @@ type answer struct {
 	textBytes int64
 	htmlBytes int64
 	skipped   []string
+	// kept is the bytes the answer keeps: both parts and the raw fields.
+	kept int64
 }
 
 // textCut and htmlCut report whether a part was longer than was kept.
@@ -163,6 +165,7 @@ func readAnswer(r io.Reader) (answer, error) {
 	if err := json.Unmarshal(fields.Bytes(), &a.email); err != nil {
 		return answer{}, fmt.Errorf("answer: %w", err)
 	}
+	a.kept = int64(len(a.email.Text) + len(a.email.HTML) + fields.Len())
 	return a, nil
 }
 

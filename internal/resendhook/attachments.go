@@ -19,25 +19,89 @@ import (
 // page), so an API that keeps saying has_more cannot hold the delivery.
 const attachmentPages = 50
 
+// attachmentCaps bound a page of the attachment list: a field's string up
+// to 8 KiB (a signed download URL is long; a filename is cut to 255 bytes
+// after), anything else up to 1 KiB, 2 MiB for the page.
+var attachmentCaps = listCaps{str: 8 << 10, raw: 1 << 10, page: 2 << 20}
+
+// attachmentPageShare is the most reading one page costs, at its caps:
+// the page kept, and as much again while it is decoded. A smaller page
+// draws twice the bytes read, as they arrive.
+const attachmentPageShare = 2*(2<<20) + 32<<10
+
+// maxAttachmentField is the longest filename, content type, disposition
+// or content id kept, in bytes, as for a message's header fields.
+const maxAttachmentField = 255
+
 // listAttachments lists the received email's attachments, each with its
-// signed download_url, with resend-go's attachments API.
-func listAttachments(ctx context.Context, c *resend.Client, emailID string) ([]resend.EmailAttachment, error) {
-	limit := 100
-	opts := &resend.ListOptions{Limit: &limit}
+// signed download_url (https://resend.com/docs/api-reference/attachments/list-received-email-attachments).
+// Each page is read as a stream within attachmentCaps and drawn from the
+// mail budget (h), which keeps what the listed attachments hold.
+func listAttachments(ctx context.Context, c *resend.Client, emailID string, h *hold) ([]resend.EmailAttachment, error) {
 	var all []resend.EmailAttachment
-	for range attachmentPages {
-		page, err := c.Emails.Receiving.ListAttachmentsWithOptions(ctx, emailID, opts)
+	for after := ""; len(all) < attachmentPages*100; {
+		q := url.Values{"limit": {"100"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		req, err := c.NewRequest(ctx, http.MethodGet, "emails/receiving/"+emailID+"/attachments?"+q.Encode(), nil)
 		if err != nil {
 			return nil, fmt.Errorf("list attachments of %s: %w", emailID, err)
 		}
-		all = append(all, page.Data...)
-		if !page.HasMore || len(page.Data) == 0 {
+		base := h.n
+		var page []resend.EmailAttachment
+		var hasMore bool
+		var kept int
+		err = perform(c, req, func(r io.Reader) error {
+			metered := &meteredReader{ctx: ctx, r: r, h: h, factor: 2, limit: attachmentPageShare}
+			hasMore, kept, err = readList(metered, attachmentCaps, func(o listObject) error {
+				if a, ok := listedAttachment(o); ok {
+					page = append(page, a)
+				}
+				return nil
+			})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list attachments of %s: %w", emailID, err)
+		}
+		h.shrink(base + 2*int64(kept))
+		all = append(all, page...)
+		if !hasMore || len(page) == 0 {
 			return all, nil
 		}
-		after := page.Data[len(page.Data)-1].Id
-		opts.After = &after
+		after = page[len(page)-1].Id
 	}
 	return nil, fmt.Errorf("list attachments of %s: still more after %d pages", emailID, attachmentPages)
+}
+
+// listedAttachment is a listed attachment's fields, cut and cleaned like a
+// message's header fields: filename, content type, disposition and
+// content id at most 255 bytes, control characters (CR, LF, NUL, ...)
+// replaced by a space. An attachment without a usable id is left out (the
+// rest of the mail is queued); a download URL that was cut cannot be the
+// signed one, and is dropped.
+func listedAttachment(o listObject) (resend.EmailAttachment, bool) {
+	id, cut := o.string("id")
+	if cut || id == "" || len(id) > maxAttachmentField {
+		return resend.EmailAttachment{}, false
+	}
+	field := func(name string) string {
+		s, _ := o.string(name)
+		s, _ = cutAt(oneLine(s), maxAttachmentField)
+		return s
+	}
+	a := resend.EmailAttachment{
+		Id:                 id,
+		Filename:           field("filename"),
+		ContentType:        field("content_type"),
+		ContentDisposition: field("content_disposition"),
+		ContentId:          field("content_id"),
+	}
+	if u, cut := o.string("download_url"); !cut {
+		a.DownloadUrl = u
+	}
+	return a, true
 }
 
 // downloader fetches attachments from their signed URLs, which carry their
@@ -73,7 +137,11 @@ type download struct {
 // timeout) is an error that fails the delivery, and Svix's retry lists the
 // attachments again with fresh URLs. On success the caller closes the
 // returned download (its file, if any).
-func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedSize int64) (download, error) {
+//
+// Its content is drawn from the mail budget (h) as it arrives. An
+// attachment the budget could never hold beside the rest of the mail is
+// recorded without content, as too large.
+func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedSize int64, h *hold) (download, error) {
 	dl := download{at: support.Attachment{
 		ExternalID:         a.Id,
 		Filename:           a.Filename,
@@ -107,7 +175,7 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 		return dl, nil
 	}
 	if err != nil {
-		return download{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
+		return download{}, fmt.Errorf("download attachment %s: %w", a.Id, withoutQuery(err))
 	}
 	defer resp.Body.Close()
 	switch {
@@ -124,8 +192,15 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 		dl.at.Size, dl.at.NoContentReason = resp.ContentLength, support.NoContentTooLarge
 		return dl, nil
 	}
-	if err := dl.receive(resp.Body, d.max); err != nil {
+	base := h.n
+	if err := dl.receive(ctx, resp.Body, d.max, h); err != nil {
 		dl.Close()
+		h.shrink(base)
+		if errors.Is(err, errOverBudget) {
+			dl = download{at: dl.at}
+			dl.at.Size, dl.at.NoContentReason = max(listedSize, resp.ContentLength), support.NoContentTooLarge
+			return dl, nil
+		}
 		return download{}, fmt.Errorf("download attachment %s: %w", a.Id, err)
 	}
 	if resp.ContentLength >= 0 && dl.at.Size != resp.ContentLength {
@@ -135,16 +210,38 @@ func (d downloader) fetch(ctx context.Context, a resend.EmailAttachment, listedS
 	return dl, nil
 }
 
+// withoutQuery drops the query from the URL an *url.Error names: a signed
+// download URL is a bearer credential, and the error reaches the log and
+// webhook_events.last_error.
+func withoutQuery(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	if u, perr := url.Parse(ue.URL); perr == nil {
+		u.RawQuery, u.Fragment, u.User = "", "", nil
+		return &url.Error{Op: ue.Op, URL: u.String() + "?[signature removed]", Err: ue.Err}
+	}
+	return &url.Error{Op: ue.Op, URL: "[download URL]", Err: ue.Err}
+}
+
 // receive reads body to its end: the first inMemoryBytes into memory, the
-// rest, up to max in all, into a temporary file. Past max the content is
-// dropped and counted on to its end, so the row keeps the true size.
-func (dl *download) receive(body io.Reader, max int64) error {
-	head, err := io.ReadAll(io.LimitReader(body, min(max, inMemoryBytes)+1))
+// rest, up to max in all, into a temporary file, every byte drawn from the
+// mail budget (h) before it is held. Past max the content is dropped and
+// counted on to its end, so the row keeps the true size.
+func (dl *download) receive(ctx context.Context, body io.Reader, max int64, h *hold) error {
+	base := h.n
+	headCap := min(max, inMemoryBytes)
+	if err := h.grow(ctx, headCap+1); err != nil {
+		return err
+	}
+	head, err := io.ReadAll(io.LimitReader(body, headCap+1))
 	if err != nil {
 		return err
 	}
 	size := int64(len(head))
-	if size <= min(max, inMemoryBytes) {
+	if size <= headCap {
+		h.shrink(base + size)
 		dl.mem, dl.at.Size = head, size
 		return nil
 	}
@@ -155,7 +252,8 @@ func (dl *download) receive(body io.Reader, max int64) error {
 		if _, err := dl.file.Write(head); err != nil {
 			return fmt.Errorf("temporary file: %w", err)
 		}
-		n, err := io.Copy(dl.file, io.LimitReader(body, max+1-size))
+		// The head's draw now covers its bytes on disk.
+		n, err := io.Copy(meteredWriter{ctx: ctx, w: dl.file, h: h}, io.LimitReader(body, max+1-size))
 		if err != nil {
 			return err
 		}
@@ -166,6 +264,7 @@ func (dl *download) receive(body io.Reader, max int64) error {
 		}
 		dl.Close() // too large after all: the file goes
 	}
+	h.shrink(base)
 	rest, err := io.Copy(io.Discard, body)
 	if err != nil {
 		return err
@@ -226,7 +325,7 @@ func (ds downloads) Close() {
 // downloadAttachments lists the email's attachments and downloads each in
 // turn. An email whose answer listed no attachments costs no API call. On
 // error nothing is left behind; on success the caller closes the result.
-func (h *handler) downloadAttachments(ctx context.Context, e *receivedEmail) (downloads, error) {
+func (h *handler) downloadAttachments(ctx context.Context, e *receivedEmail, held *hold) (downloads, error) {
 	if e.Attachments != nil && len(*e.Attachments) == 0 {
 		return nil, nil
 	}
@@ -238,7 +337,7 @@ func (h *handler) downloadAttachments(ctx context.Context, e *receivedEmail) (do
 			}
 		}
 	}
-	listed, err := listAttachments(ctx, h.client, e.ID)
+	listed, err := listAttachments(ctx, h.client, e.ID, held)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +352,7 @@ func (h *handler) downloadAttachments(ctx context.Context, e *receivedEmail) (do
 		if !ok {
 			size = -1
 		}
-		dl, err := h.downloads.fetch(ctx, a, size)
+		dl, err := h.downloads.fetch(ctx, a, size, held)
 		if err != nil {
 			out.Close()
 			return nil, err

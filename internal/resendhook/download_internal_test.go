@@ -1,6 +1,7 @@
 package resendhook
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -8,8 +9,11 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/resend/resend-go/v3"
 )
 
 func TestPublicAddr(t *testing.T) {
@@ -129,5 +133,26 @@ func TestDownloadClient(t *testing.T) {
 				t.Errorf("requests served = %d, want %d", got, tc.wantHits)
 			}
 		})
+	}
+}
+
+// TestDownloadErrorHidesSignature: a failed download's error names the
+// URL without its query, where the signature (a bearer credential) is.
+func TestDownloadErrorHidesSignature(t *testing.T) {
+	t.Parallel()
+	d := downloader{client: newDownloadClient(true), max: 1 << 20, allowPrivate: true}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: the dial fails
+	a := resend.EmailAttachment{Id: "att_1", DownloadUrl: "http://" + addr + "/a.txt?X-Amz-Signature=secret-sig-123&X-Amz-Credential=cred"}
+	_, err = d.fetch(context.Background(), a, -1, newMailBudget(0).hold())
+	if err == nil {
+		t.Fatal("download from a closed port: no error")
+	}
+	if strings.Contains(err.Error(), "secret-sig-123") || strings.Contains(err.Error(), "cred") {
+		t.Errorf("error %q carries the signed URL's query", err)
 	}
 }

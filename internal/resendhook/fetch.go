@@ -49,8 +49,20 @@ func (t notFoundTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		resp.Body.Close()
 		return nil, errNotFound
 	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		// resend-go decodes an error's body whole: only its first bytes
+		// are its to read.
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(resp.Body, maxErrorBytes), resp.Body}
+	}
 	return resp, nil
 }
+
+// maxErrorBytes is the most of an error answer's body read: Resend's
+// errors are a line of JSON.
+const maxErrorBytes = 64 << 10
 
 // newClient returns a Resend client on apiURL. The request's context (the
 // delivery's, under the handler deadline) bounds each call, so the
@@ -111,14 +123,37 @@ type receivedEmail struct {
 
 // fetchEmail retrieves the received email id, with inline images as cid:
 // references and attachments (html_format=cid) rather than base64 data
-// URIs in the HTML. resend-go performs the call (auth, errors, 429) and
-// copies the answer into a pipe, from which readAnswer decodes it within
-// its bounds as it arrives.
-func fetchEmail(ctx context.Context, c *resend.Client, id string) (answer, error) {
+// URIs in the HTML. The answer is read within its caps (readAnswer) and
+// drawn from the mail budget as it arrives (h); once read, h keeps what
+// the email holds.
+func fetchEmail(ctx context.Context, c *resend.Client, id string, h *hold) (answer, error) {
 	req, err := c.NewRequest(ctx, http.MethodGet, "emails/receiving/"+id+"?html_format=cid", nil)
 	if err != nil {
 		return answer{}, fmt.Errorf("build request: %w", err)
 	}
+	var a answer
+	err = perform(c, req, func(r io.Reader) error {
+		a, err = readAnswer(&meteredReader{ctx: ctx, r: r, h: h, factor: 2, limit: answerShare})
+		return err
+	})
+	if err != nil {
+		return answer{}, err
+	}
+	// What the email keeps, twice over for the copies the message is made
+	// of (toMessage, the text made of the HTML).
+	h.shrink(2 * a.kept)
+	if a.email.ID != id {
+		return answer{}, fmt.Errorf("%w: id %q", errNotTheEmail, a.email.ID)
+	}
+	return a, nil
+}
+
+// perform runs req with resend-go, which sends it (auth, the API's errors,
+// 429) and copies the answer into a pipe, from which read takes it as a
+// stream: no answer is decoded whole by the SDK. Closing the pipe after
+// read ends the copy where read stopped. The API's own error (404, 429,
+// 5xx, network) wins over read's.
+func perform(c *resend.Client, req *http.Request, read func(io.Reader) error) error {
 	pr, pw := io.Pipe()
 	performed := make(chan error, 1)
 	go func() {
@@ -126,20 +161,12 @@ func fetchEmail(ctx context.Context, c *resend.Client, id string) (answer, error
 		pw.CloseWithError(err) // nil: the reader sees io.EOF
 		performed <- err
 	}()
-	a, err := readAnswer(pr)
-	// Ends the copy where the reader stopped: after the object, or early
-	// on a malformed answer.
+	err := read(pr)
 	pr.CloseWithError(errAnswerRead)
 	if performErr := <-performed; err != nil && performErr != nil && !errors.Is(performErr, errAnswerRead) {
-		return answer{}, performErr // the API's own error (404, 429, 5xx, network)
+		return performErr
 	}
-	if err != nil {
-		return answer{}, err
-	}
-	if a.email.ID != id {
-		return answer{}, fmt.Errorf("%w: id %q", errNotTheEmail, a.email.ID)
-	}
-	return a, nil
+	return err
 }
 
 // headers are the mail's headers as Resend lists them: names in any case,

@@ -444,6 +444,8 @@ type options struct {
 	publicDownloadsOnly bool
 	// logs, when set, receives the log lines too.
 	logs io.Writer
+	// inflightBytes is InflightBytes (MAIL_INFLIGHT_BYTES); 0: no budget.
+	inflightBytes int64
 }
 
 const inboundDomain = "@Inbound.Munchable.app"
@@ -513,6 +515,7 @@ func newHarness(t testing.TB, o options) *harness {
 		Registerer: h.reg,
 
 		AttachmentMaxBytes: o.attachmentMax,
+		InflightBytes:      o.inflightBytes,
 		// The fake's download URLs are on loopback, over http.
 		DownloadAllowPrivate: !o.publicDownloadsOnly,
 	})

@@ -49,10 +49,10 @@ func (m mailMetrics) report(ctx context.Context, logger *slog.Logger, a answer) 
 // runs attach only for a new message), so its downloads would be wasted.
 // The check is one indexed query; a delivery that races another past it
 // downloads for nothing and writes nothing, which is rare and harmless.
-func (h *handler) attachmentsOf(ctx context.Context, e *receivedEmail) (downloads, error) {
+func (h *handler) attachmentsOf(ctx context.Context, e *receivedEmail, held *hold) (downloads, error) {
 	queued, err := h.queue.Queued(ctx, support.SourceEmail, e.ID)
 	if err != nil || queued {
 		return nil, err
 	}
-	return h.downloadAttachments(ctx, e)
+	return h.downloadAttachments(ctx, e, held)
 }

@@ -38,6 +38,10 @@ type Config struct {
 	// (SUPPORT_ATTACHMENT_MAX_BYTES); a larger one is recorded without it,
 	// and 0 stores none.
 	AttachmentMaxBytes int64
+	// InflightBytes (MAIL_INFLIGHT_BYTES) bounds the bytes all mail
+	// deliveries and sweeps hold at once (answers, attachment lists,
+	// downloads in memory and on disk); 0: no bound.
+	InflightBytes int64
 	// DownloadAllowPrivate (RESEND_DOWNLOAD_ALLOW_PRIVATE) lets downloads
 	// use http and dial any address: for tests and private mirrors only.
 	DownloadAllowPrivate bool
@@ -56,6 +60,8 @@ type handler struct {
 	ignored     prometheus.Counter
 	unfetchable prometheus.Counter
 	mail        mailMetrics
+	// budget bounds the bytes all mail in flight holds at once.
+	budget *mailBudget
 }
 
 // Receiver turns Resend's deliveries into support messages. It wraps the
@@ -95,6 +101,7 @@ func New(cfg Config) *Receiver {
 		},
 		inbound: cfg.Inbound,
 		logger:  cfg.Logger,
+		budget:  newMailBudget(cfg.InflightBytes),
 		ignored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "resend_inbound_ignored_total",
 			Help: "email.received events addressed to no support address, acknowledged without a fetch.",
@@ -109,7 +116,7 @@ func New(cfg Config) *Receiver {
 	}
 	h.mail = newMailMetrics()
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.ignored, h.unfetchable, h.mail.truncated)
+		cfg.Registerer.MustRegister(h.ignored, h.unfetchable, h.mail.truncated, h.budget.busy, h.budget.gauge)
 	}
 	return &Receiver{h: h}
 }
@@ -187,7 +194,11 @@ func messageID(h http.Header) string {
 //
 // The event's ledger row is written in the queue's transaction (entry).
 func (h *handler) apply(ctx context.Context, logger *slog.Logger, entry *ledger.Entry, d receivedData, to string) (claim.Effect, error) {
-	a, err := fetchEmail(ctx, h.client, d.EmailID)
+	// Everything this mail holds is drawn from the mail budget, and given
+	// back once it is queued (or not): after the temporary files go.
+	held := h.budget.hold()
+	defer held.release()
+	a, err := fetchEmail(ctx, h.client, d.EmailID, held)
 	if errors.Is(err, errNotFound) || errors.Is(err, errNotTheEmail) {
 		h.unfetchable.Inc()
 	}
@@ -195,7 +206,7 @@ func (h *handler) apply(ctx context.Context, logger *slog.Logger, entry *ledger.
 		return "", fmt.Errorf("fetch received email %s: %w", d.EmailID, err)
 	}
 	h.mail.report(ctx, logger, a)
-	atts, err := h.attachmentsOf(ctx, &a.email)
+	atts, err := h.attachmentsOf(ctx, &a.email, held)
 	if err != nil {
 		return "", err
 	}

@@ -130,7 +130,7 @@ func TestSweepQueuesMailOnlyInResendsList(t *testing.T) {
 	if w := h.deliver(t, "msg_delivered", receivedEvent(t, id(3), nil)); w.Code != http.StatusOK {
 		t.Fatalf("webhook delivery: %d %s", w.Code, w.Body)
 	}
-	pass := h.receiver.SweepPass(h.ep)
+	pass := h.receiver.SweepPass(h.ep, 0)
 	n, err := pass(t.Context(), now.Add(-time.Hour))
 	if err != nil {
 		t.Fatalf("sweep: %v", err)
@@ -167,7 +167,7 @@ func TestSweptMailRetriedByHand(t *testing.T) {
 	ep := claim.NewFlow(h.store, claim.FlowConfig{HandlerTimeout: 10 * time.Second, Ledger: led, Logger: slog.New(slog.DiscardHandler)}).
 		Endpoint(claim.Provider{Name: "resend", DedupeTTL: 30 * time.Hour})
 
-	if _, err := h.receiver.SweepPass(ep)(t.Context(), time.Now().Add(-time.Hour)); err == nil {
+	if _, err := h.receiver.SweepPass(ep, 0)(t.Context(), time.Now().Add(-time.Hour)); err == nil {
 		t.Fatal("sweep with the fetch failing: no error")
 	}
 	id := resendhook.SweepClaimPrefix + emailID

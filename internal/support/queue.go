@@ -273,15 +273,13 @@ func record(ctx context.Context, tx pgx.Tx, e *ledger.Entry, id int64, inserted 
 }
 
 // threadCandidates lists the Message-IDs m answers, most direct first: those
-// of In-Reply-To, then References from the newest (last) back. A form
-// message answers none, and neither does a mail whose DMARC verdict is
-// fail (its From is likely forged, so it cannot prove it takes part in a
-// conversation) or unknown because it was skipped (it may be a fail), or
-// that names no sender: each starts its own thread, keeping In-Reply-To
+// of In-Reply-To, then References from the newest (last) back. Only a mail
+// whose sender is authenticated answers any (SenderProven); a form message,
+// a mail with any other verdict or none, one whose verdicts were skipped,
+// or one that names no sender starts its own thread, keeping In-Reply-To
 // as sent.
 func threadCandidates(m Message) []string {
-	if m.Source != SourceEmail || m.FromAddress == "" || m.AuthSkipped ||
-		strings.EqualFold(strings.TrimSpace(m.AuthDMARC), "fail") {
+	if m.Source != SourceEmail || m.FromAddress == "" || !m.SenderProven() {
 		return nil
 	}
 	out := MessageIDs(m.InReplyTo)
@@ -289,6 +287,19 @@ func threadCandidates(m Message) []string {
 		out = append(out, ref)
 	}
 	return out
+}
+
+// SenderProven reports whether the receiving server authenticated the
+// mail's sender: DMARC pass, or DMARC none (the domain publishes no
+// policy) with SPF and DKIM both pass. Anything else (fail, none alone,
+// temperror, an unknown word, no verdict, verdicts skipped for size) may
+// be a spoof of the From address, which a thread must not believe.
+func (m Message) SenderProven() bool {
+	if m.AuthSkipped {
+		return false
+	}
+	is := func(v, want string) bool { return strings.EqualFold(strings.TrimSpace(v), want) }
+	return is(m.AuthDMARC, "pass") || (is(m.AuthDMARC, "none") && is(m.AuthSPF, "pass") && is(m.AuthDKIM, "pass"))
 }
 
 // MessageIDs returns the "<...>" Message-IDs of an In-Reply-To or References

@@ -285,9 +285,11 @@ func TestEnqueueThreads(t *testing.T) {
 	first := enqueue(mailMessage("em_1"))
 	reply := mailMessage("em_2")
 	reply.MessageID, reply.TextBody, reply.InReplyTo = "<reply@mail.example.com>", "thanks", "<abc@mail.example.com>"
+	reply.AuthDMARC = "pass"
 	replyID := enqueue(reply)
 	again := mailMessage("em_3")
 	again.MessageID, again.TextBody = "<again@mail.example.com>", "still nothing"
+	again.AuthDMARC = "pass"
 	again.References = []string{"<unknown@elsewhere.example>", "<reply@mail.example.com>"}
 	againID := enqueue(again)
 	form := enqueue(support.Message{Source: support.SourceWeb, ExternalID: "form:1", FromAddress: "bob@example.com",
@@ -302,8 +304,7 @@ func TestEnqueueThreads(t *testing.T) {
 // TestEnqueueSkippedVerdict: a mail from the thread's own sender whose
 // verdicts were skipped (AuthSkipped) starts its own thread, keeping
 // In-Reply-To as sent: the verdict it lost may be a DMARC fail. The same
-// mail with no verdicts at all, as mail from before the provider had
-// them, joins as before.
+// mail with its DMARC pass kept joins.
 func TestEnqueueSkippedVerdict(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
@@ -318,12 +319,12 @@ func TestEnqueueSkippedVerdict(t *testing.T) {
 		skipped bool
 		joins   bool
 	}{
-		{"no verdicts", false, true},
+		{"dmarc pass kept", false, true},
 		{"verdicts skipped", true, false},
 	} {
 		m := mailMessage("em_" + tc.name)
 		m.MessageID, m.TextBody, m.InReplyTo = "<"+strings.ReplaceAll(tc.name, " ", "-")+"@mail.example.com>", tc.name, "<abc@mail.example.com>"
-		m.AuthSkipped = tc.skipped
+		m.AuthDMARC, m.AuthSkipped = "pass", tc.skipped
 		id, inserted, err := q.Enqueue(ctx, m)
 		if err != nil || !inserted {
 			t.Fatalf("%s: Enqueue = %d, %v, %v; want a new row", tc.name, id, inserted, err)
@@ -524,8 +525,8 @@ func TestEnqueueThreadParticipants(t *testing.T) {
 		want                       int64 // 0: its own
 	}{
 		{"same sender", "Ada@Example.com", "pass", "<order@x>", nil, order},
-		{"no verdict", "ada@example.com", "", "<order@x>", nil, order},
-		{"reply-to address", "ada@home.example", "none", "<order@x>", nil, order},
+		{"no verdict", "ada@example.com", "", "<order@x>", nil, 0},
+		{"reply-to address", "ada@home.example", "pass", "<order@x>", nil, order},
 		{"dmarc fail", "ada@example.com", "fail", "<order@x>", nil, 0},
 		{"stranger", "mallory@evil.example", "pass", "<order@x>", nil, 0},
 		{"stranger's reference skipped for one of theirs", "bob@example.com", "pass", "<order@x>", []string{"<other@x>"}, other},
@@ -538,6 +539,55 @@ func TestEnqueueThreadParticipants(t *testing.T) {
 		}
 		if got := threadOf(t, pool, id); got != want {
 			t.Errorf("%s: thread %d, want %d", tc.id, got, want)
+		}
+	}
+}
+
+// TestEnqueueThreadVerdicts: a reply from the thread's own address joins
+// it only when its sender is authenticated (DMARC pass, or DMARC none with
+// SPF and DKIM both pass); every other verdict, or none, is a possible
+// spoof and starts its own thread, queued all the same.
+func TestEnqueueThreadVerdicts(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	q := support.NewQueue(pool)
+	ctx := context.Background()
+	first, _, err := q.Enqueue(ctx, mailMessage("em_first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, spf, dkim, dmarc string
+		joins                  bool
+	}{
+		{"dmarc pass", "fail", "fail", "pass", true},
+		{"dmarc PASS, spaced", "", "", " PASS ", true},
+		{"dmarc none, spf and dkim pass", "pass", "pass", "none", true},
+		{"dmarc none, spf only", "pass", "fail", "none", false},
+		{"dmarc none, dkim only", "", "pass", "none", false},
+		{"dmarc none alone", "", "", "none", false},
+		{"dmarc fail", "pass", "pass", "fail", false},
+		{"gray", "pass", "pass", "gray", false},
+		{"unknown", "pass", "pass", "unknown", false},
+		{"processing_failed", "pass", "pass", "processing_failed", false},
+		{"temperror", "pass", "pass", "temperror", false},
+		{"empty verdict", "pass", "pass", "", false},
+		{"no verdicts at all", "", "", "", false},
+	}
+	for i, tc := range tests {
+		m := mailMessage("em_" + strconv.Itoa(i))
+		m.MessageID, m.TextBody, m.InReplyTo = "<v"+strconv.Itoa(i)+"@x>", tc.name, "<abc@mail.example.com>"
+		m.AuthSPF, m.AuthDKIM, m.AuthDMARC = tc.spf, tc.dkim, tc.dmarc
+		id, inserted, err := q.Enqueue(ctx, m)
+		if err != nil || !inserted {
+			t.Fatalf("%s: Enqueue = %d, %v, %v; want a new row", tc.name, id, inserted, err)
+		}
+		want := id
+		if tc.joins {
+			want = first
+		}
+		if got := threadOf(t, pool, id); got != want {
+			t.Errorf("%s: thread %d, want %d (first message %d, its own %d)", tc.name, got, want, first, id)
 		}
 	}
 }

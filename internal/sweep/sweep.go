@@ -9,6 +9,7 @@ package sweep
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -24,7 +25,26 @@ type Counts struct {
 	// delivered; Delivered those a webhook had (one claim or queue
 	// lookup each, nothing else).
 	Listed, Recovered, Delivered int
+	// Stopped is why the pass stopped before the end of its window, ""
+	// when it reached it.
+	Stopped Stop
 }
+
+// Stop is why a pass stopped listing before its window's end, spelled as
+// the webhook_sweep_stopped_total reason label. A provider's list that
+// never ends (has_more forever, the same page again, dates that do not
+// parse) must not hold the pass, or the leader, for ever.
+type Stop string
+
+const (
+	StopMaxPages Stop = "max_pages" // SWEEP_MAX_PAGES pages read
+	StopPageSeen Stop = "page_seen" // a page this pass had already read
+	StopBadDate  Stop = "bad_date"  // an item whose creation time does not parse
+)
+
+// ErrStopped is the error of a pass that stopped before its window's end:
+// what it did not list is listed again by the next pass.
+var ErrStopped = errors.New("sweep stopped before the end of its window")
 
 // Pass lists a provider's items created at or after from and runs each
 // through the claim, as a webhook delivery of it would run.
@@ -44,6 +64,7 @@ type Metrics struct {
 	recovered   *prometheus.CounterVec
 	lastSuccess *prometheus.GaugeVec
 	interval    *prometheus.GaugeVec
+	stopped     *prometheus.CounterVec
 }
 
 // NewMetrics registers the sweeps' metrics on reg, with a series for each
@@ -63,13 +84,20 @@ func NewMetrics(reg prometheus.Registerer, providers ...string) *Metrics {
 			Name: "webhook_sweep_interval_seconds",
 			Help: "SWEEP_INTERVAL in seconds for each swept provider; 0 for a provider not swept.",
 		}, []string{"provider"}),
+		stopped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "webhook_sweep_stopped_total",
+			Help: "Sweep passes that stopped before the end of their window, by reason (max_pages, page_seen, bad_date).",
+		}, []string{"provider", "reason"}),
 	}
 	for _, p := range providers {
 		m.recovered.WithLabelValues(p)
 		m.lastSuccess.WithLabelValues(p)
 		m.interval.WithLabelValues(p)
+		for _, r := range []Stop{StopMaxPages, StopPageSeen, StopBadDate} { // from 0
+			m.stopped.WithLabelValues(p, string(r))
+		}
 	}
-	reg.MustRegister(m.recovered, m.lastSuccess, m.interval)
+	reg.MustRegister(m.recovered, m.lastSuccess, m.interval, m.stopped)
 	return m
 }
 
@@ -108,6 +136,11 @@ func Job(src Source, cfg Config) leader.Job {
 			start := time.Now()
 			n, err := src.Pass(ctx, from)
 			m.recovered.WithLabelValues(src.Provider).Add(float64(n.Recovered))
+			if n.Stopped != "" {
+				m.stopped.WithLabelValues(src.Provider, string(n.Stopped)).Inc()
+				logger.Warn("sweep stopped before the end of its window: the provider's list did not end as it should; the next pass lists it again",
+					"reason", string(n.Stopped), "listed", n.Listed, "from", from)
+			}
 			if n.Recovered > 0 {
 				logger.Warn("sweep recovered items no webhook delivered: check the provider's webhook deliveries and the endpoint's secret",
 					"recovered", n.Recovered, "listed", n.Listed)

@@ -180,7 +180,7 @@ func (h *harness) startService(ctx context.Context, dir, db string) (target, err
 		"DATABASE_URL=" + strings.Replace(h.benchURL, "/"+benchDB+"?", "/"+db+"?", 1),
 		"REDIS_URL=" + h.redis.URL(),
 		"STRIPE_WEBHOOK_SECRET=" + stripeSecret,
-		"RESEND_WEBHOOK_SECRET=whsec_ZGV2LW9ubHktcmVzZW5kLXNlY3JldA==",
+		"RESEND_WEBHOOK_SECRET=whsec_YmVuY2gtb25seS1yZXNlbmQtc2VjcmV0", // base64("bench-only-resend-secret")
 		"RESEND_API_KEY=re_bench_only",
 		"SUPPORT_INBOUND_ADDRESSES=support@munchable.app",
 		"LOG_LEVEL=warn",

@@ -61,7 +61,7 @@ func TestSweepReadsTheList(t *testing.T) {
 	store := claim.NewStore(rdb, claim.StoreConfig{Prefix: prefix, Timeout: time.Second, ProcessingTTL: time.Minute})
 	ep := claim.NewFlow(store, claim.FlowConfig{HandlerTimeout: 10 * time.Second, Logger: logger}).
 		Endpoint(claim.Provider{Name: "resend", DedupeTTL: time.Hour})
-	pass := receiver.SweepPass(ep)
+	pass := receiver.SweepPass(ep, 0)
 	from := sampleCreated.Add(-time.Hour)
 
 	n, err := pass(t.Context(), from)
