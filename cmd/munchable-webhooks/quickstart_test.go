@@ -272,8 +272,12 @@ func TestReadmeQuickStart(t *testing.T) {
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- dev.Wait() }()
+	// exited is closed once make dev has exited, with its error in
+	// exitErr: readable by the wait for readiness and by stop alike (a
+	// make dev that exits by itself must not leave stop waiting forever).
+	var exitErr error
+	exited := make(chan struct{})
+	go func() { exitErr = dev.Wait(); close(exited) }()
 	stopped := false
 	stop := func() error {
 		if stopped {
@@ -282,8 +286,8 @@ func TestReadmeQuickStart(t *testing.T) {
 		stopped = true
 		_ = syscall.Kill(-dev.Process.Pid, syscall.SIGINT)
 		select {
-		case err := <-exited:
-			return err
+		case <-exited:
+			return exitErr
 		case <-time.After(time.Minute):
 			_ = syscall.Kill(-dev.Process.Pid, syscall.SIGKILL)
 			<-exited
@@ -303,7 +307,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(ready) {
 		ready = d.Add(-time.Minute)
 	}
-	if err := waitReady(listen, ready, exited); err != nil {
+	if err := waitReady(listen, ready, exited, &exitErr); err != nil {
 		showLog()
 		t.Fatalf("make dev: %v", err)
 	}
@@ -362,12 +366,12 @@ func TestReadmeQuickStart(t *testing.T) {
 
 // waitReady polls the service's /readyz until it answers 200, make dev
 // exits, or the deadline passes.
-func waitReady(listen string, deadline time.Time, exited <-chan error) error {
+func waitReady(listen string, deadline time.Time, exited <-chan struct{}, exitErr *error) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	for {
 		select {
-		case err := <-exited:
-			return fmt.Errorf("exited before the service was ready: %v", err)
+		case <-exited:
+			return fmt.Errorf("exited before the service was ready: %v", *exitErr)
 		default:
 		}
 		if resp, err := client.Get("http://" + listen + "/readyz"); err == nil {
