@@ -2,6 +2,7 @@ package faulttest_test
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,11 +70,15 @@ func TestForwardKilledBetweenSendAndRecord(t *testing.T) {
 	r := newRig(t)
 	svc := r.service(forwardEnv)
 	r.waitForward()
+	// killed says the run has exited, not only that the kill began: a
+	// restart before the kill is done would find the old run still there.
+	var kill sync.Once
 	var killed atomic.Bool
 	r.api.SetSendHook(func(string) {
-		if killed.CompareAndSwap(false, true) {
+		kill.Do(func() {
 			svc.Kill() // Resend has sent it; the answer never reaches the relay
-		}
+			killed.Store(true)
+		})
 	})
 	m := newEmail("killed-forward")
 	r.api.Add(m)
