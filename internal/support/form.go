@@ -493,16 +493,21 @@ func (f *form) fields() []formField {
 }
 
 // validate records every problem with f in errs and returns f as it will be
-// stored: each field trimmed of surrounding white space.
+// stored: the one-line fields cleaned by OneLine, each field trimmed of
+// surrounding white space.
 func (f form) validate(errs fieldErrors) form {
 	for _, fl := range f.fields() {
 		v := fl.value
 		if strings.ContainsRune(*v, 0) {
 			errs.add(fl.name, "must not contain NUL characters")
 		}
-		if fl.name != "message" && strings.ContainsAny(*v, "\r\n") {
-			// These fields may end up in a mail header when support replies.
-			errs.add(fl.name, "must not contain line breaks")
+		if fl.name != "message" {
+			if strings.ContainsAny(*v, "\r\n") {
+				// These fields may end up in a mail header when support replies.
+				errs.add(fl.name, "must not contain line breaks")
+			}
+			// The rest is cleaned as mail's same fields are.
+			*v = OneLine(*v)
 		}
 		*v = strings.TrimSpace(*v)
 		if utf8.RuneCountInString(*v) > fl.max {
