@@ -151,7 +151,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		postgres: probe,
 		claims:   claimsUsable,
 		draining: &draining,
-		metrics:  publicMetrics(cfg, metrics),
+		metrics:  publicMetrics(cfg, metrics, logger),
 		stripe:   stripe.Handler(flow.Endpoint(cfg.provider("stripe"))),
 		resend:   resend.Handler(flow.Endpoint(cfg.provider("resend"))),
 		form:     form,
@@ -262,11 +262,14 @@ func newRegistry() *prometheus.Registry {
 }
 
 // publicMetrics is /metrics on the public listener: nil (404) when
-// METRICS_ADDR moves it to a listener of its own.
-func publicMetrics(cfg config, metrics http.Handler) http.Handler {
+// METRICS_ADDR moves it to a listener of its own. Public, it is said at
+// startup: anyone may scrape it (a scrape costs no Redis call within
+// claim.UsableFresh of the last probe).
+func publicMetrics(cfg config, metrics http.Handler, logger *slog.Logger) http.Handler {
 	if cfg.MetricsAddr != "" {
 		return nil
 	}
+	logger.Info("/metrics is served on the public listener (METRICS_ADDR is empty): set METRICS_ADDR to serve it, /healthz and /readyz on a listener of their own")
 	return metrics
 }
 

@@ -88,7 +88,7 @@ func listedAttachment(o listObject) (resend.EmailAttachment, bool) {
 	}
 	field := func(name string) string {
 		s, _ := o.string(name)
-		s, _ = cutAt(oneLine(s), maxAttachmentField)
+		s, _ = cutAt(support.OneLine(s), maxAttachmentField)
 		return s
 	}
 	a := resend.EmailAttachment{

@@ -1,10 +1,18 @@
 package resendhook_test
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
 // labeled reads the counter name{label=value} from the registry, 0 when
@@ -86,5 +94,72 @@ func TestHeaderFieldsOneLine(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("to_address, subject, message_id, from_name, reply_to, in_reply_to, references, text_body (-want +got):\n%s", diff)
+	}
+}
+
+// TestOneLineFormAndMailAlike: a sender name and subject holding ESC, C1
+// controls (NEL, CSI), the Unicode line and paragraph separators, TAB, DEL
+// or a bidirectional control are stored the same whether they came by
+// mail or through the form, both cleaned by support.OneLine: the controls
+// and separators as a space, the bidirectional characters removed. On
+// main the form kept every one of them.
+func TestOneLineFormAndMailAlike(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, options{})
+	form := support.NewForm(support.NewQueue(h.pool), support.FormConfig{Rate: 1000, DatabaseMaxConns: 4}).Submit()
+	tests := []struct {
+		name, char, sep string // sep: what the stored text holds in its place
+	}{
+		{"ESC", "\x1b", " "},
+		{"TAB", "\t", " "},
+		{"DEL", "\x7f", " "},
+		{"NEL", "\u0085", " "},
+		{"CSI", "\u009b", " "},
+		{"line separator", "\u2028", " "},
+		{"paragraph separator", "\u2029", " "},
+		{"RLO", "\u202e", ""},
+		{"LRE", "\u202a", ""},
+		{"RLI", "\u2067", ""},
+		{"PDI", "\u2069", ""},
+		{"RLM", "\u200f", ""},
+		{"LRM", "\u200e", ""},
+		{"ALM", "\u061c", ""},
+	}
+	for i, tc := range tests {
+		id := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+		name, subject := "Ada"+tc.char+"Lovelace", "Refund"+tc.char+"now"
+		h.api.addEmail(t, id, func(e map[string]any) {
+			e["subject"] = subject
+			e["message_id"] = "<" + id + "@mail.example.com>"
+			e["headers"].(map[string]any)["from"] = mime.QEncoding.Encode("utf-8", name) + " <ada@example.com>"
+		})
+		checkAnswer(t, tc.name, answerOf(t, h.deliver(t, "msg_"+id, receivedEvent(t, id, nil))), processed)
+		body, err := json.Marshal(map[string]string{"email": "ada@example.com", "name": name, "subject": subject, "message": "Help"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/support/messages", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		form.ServeHTTP(w, r)
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("%s: form post answered %d %s, want 202", tc.name, w.Code, w.Body)
+		}
+		var formID struct{ ID int64 }
+		if err := json.Unmarshal(w.Body.Bytes(), &formID); err != nil {
+			t.Fatal(err)
+		}
+		var formName, formSubject string
+		if err := h.pool.QueryRow(t.Context(), `SELECT from_name, subject FROM support_messages WHERE id = $1`, formID.ID).Scan(&formName, &formSubject); err != nil {
+			t.Fatal(err)
+		}
+		mail := rowOf(t, h, id)
+		want := []string{"Ada" + tc.sep + "Lovelace", "Refund" + tc.sep + "now"}
+		if diff := cmp.Diff(want, []string{mail.FromName, mail.Subject}); diff != "" {
+			t.Errorf("%s: mail's from_name, subject (-want +got):\n%s", tc.name, diff)
+		}
+		if diff := cmp.Diff(want, []string{formName, formSubject}); diff != "" {
+			t.Errorf("%s: form's from_name, subject (-want +got):\n%s", tc.name, diff)
+		}
 	}
 }

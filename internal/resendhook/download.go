@@ -26,24 +26,34 @@ var errRefusedTarget = errors.New("download target refused")
 
 // nonPublic are the address ranges a download may not dial, beyond what
 // netip.Addr's own predicates name (loopback, private, link-local,
-// multicast, unspecified): shared address space, benchmarking, the IETF and
-// documentation ranges, reserved space, and IPv6's local-use NAT64,
-// documentation and Teredo prefixes. Teredo (2001::/32, RFC 4380) is
-// refused whole: its client address is obfuscated and its relays reach
-// any address.
+// multicast, unspecified): every block of IANA's IPv4 and IPv6
+// Special-Purpose Address Registries (as of 2024-10) that is not globally
+// reachable, and the deprecated ones. A few blocks are refused whole though
+// the registry marks an address or two inside them reachable: those are
+// anycast services (PCP, TURN, DNS-SD, AMT relays, AS112), never the host
+// of a mail attachment, and a shorter list is one that stays right.
 var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"), // CGNAT, RFC 6598
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("192.0.2.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("198.51.100.0/24"),
-	netip.MustParsePrefix("203.0.113.0/24"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b:1::/48"),
-	netip.MustParsePrefix("2001::/32"), // Teredo
-	netip.MustParsePrefix("2001:db8::/32"),
-	netip.MustParsePrefix("fec0::/10"),
+	netip.MustParsePrefix("0.0.0.0/8"),       // "this network", RFC 791
+	netip.MustParsePrefix("100.64.0.0/10"),   // CGNAT, RFC 6598
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments, RFC 6890
+	netip.MustParsePrefix("192.0.2.0/24"),    // documentation, RFC 5737
+	netip.MustParsePrefix("192.88.99.0/24"),  // 6to4 relay anycast, deprecated (RFC 7526)
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking, RFC 2544
+	netip.MustParsePrefix("198.51.100.0/24"), // documentation, RFC 5737
+	netip.MustParsePrefix("203.0.113.0/24"),  // documentation, RFC 5737
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use IPv4/IPv6 translation, RFC 8215
+	netip.MustParsePrefix("100::/64"),        // discard-only, RFC 6666
+	netip.MustParsePrefix("100:0:0:1::/64"),  // dummy prefix, RFC 9780
+	// IETF protocol assignments, RFC 2928: Teredo (2001::/32, RFC 4380:
+	// its client address is obfuscated and its relays reach any address),
+	// benchmarking (2001:2::/48), ORCHID and ORCHIDv2 (2001:10::/28,
+	// 2001:20::/28: identifiers, not locators), DETs (2001:30::/28).
+	netip.MustParsePrefix("2001::/23"),
+	netip.MustParsePrefix("2001:db8::/32"), // documentation, RFC 3849
+	netip.MustParsePrefix("3fff::/20"),     // documentation, RFC 9637
+	netip.MustParsePrefix("5f00::/16"),     // segment routing SIDs, RFC 9602
+	netip.MustParsePrefix("fec0::/10"),     // site-local, deprecated (RFC 3879)
 }
 
 // embedsIPv4 are the IPv6 forms that carry an IPv4 address (at byte at of

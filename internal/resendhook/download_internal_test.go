@@ -59,11 +59,43 @@ func TestPublicAddr(t *testing.T) {
 		// anything, so the whole prefix is refused.
 		"2001:0:4136:e378:8000:63bf:80ff:fffe": false, // client 127.0.0.1
 		"2001:0:4136:e378:8000:63bf:f7f7:f7f7": false, // client 8.8.8.8
+		// IANA special-purpose blocks that are not globally reachable
+		// (issue 34: the first five were dialled).
+		"100::1":           false, // discard-only
+		"2001:2::1":        false, // benchmarking
+		"2001:20::1":       false, // ORCHIDv2
+		"3fff::1":          false, // documentation, RFC 9637
+		"192.88.99.1":      false, // 6to4 relay anycast, deprecated
+		"100:0:0:1::1":     false, // dummy prefix
+		"2001:10::1":       false, // ORCHID, deprecated
+		"2001:30::1":       false, // DETs
+		"2001:1::1":        false, // PCP anycast: a service, not a file server
+		"5f00::1":          false, // segment routing SIDs
+		"192.0.0.170":      false, // NAT64 discovery
+		"100:0:0:2::1":     true,  // just past the dummy prefix
+		"2001:200::1":      true,  // just past IETF protocol assignments (APNIC)
+		"3fff:1000::1":     true,  // just past documentation
+		"192.88.100.1":     true,  // just past the 6to4 relay
+		"2a00:1450:4001::": true,  // a public address
 	}
 	for s, want := range tests {
 		if got := publicAddr(netip.MustParseAddr(s)); got != want {
 			t.Errorf("publicAddr(%s) = %v, want %v", s, got, want)
 		}
+	}
+}
+
+// TestRefuseNonPublicSpecialPurpose: the dialler's check, which runs on
+// the address about to be dialled, refuses each special-purpose block
+// before a packet leaves; nothing here dials.
+func TestRefuseNonPublicSpecialPurpose(t *testing.T) {
+	for _, addr := range []string{"[100::1]:443", "[2001:2::1]:443", "[2001:20::1]:443", "[3fff::1]:443", "192.88.99.1:443"} {
+		if err := refuseNonPublic(t.Context(), "tcp", addr, nil); !errors.Is(err, errRefusedTarget) {
+			t.Errorf("refuseNonPublic(%s) = %v, want %v", addr, err, errRefusedTarget)
+		}
+	}
+	if err := refuseNonPublic(t.Context(), "tcp", "[2a00:1450:4001::]:443", nil); err != nil {
+		t.Errorf("refuseNonPublic(a public address) = %v, want nil", err)
 	}
 }
 

@@ -218,10 +218,10 @@ func toMessage(d receivedData, a *answer, to string, now time.Time) support.Mess
 		AutoSubmitted: e.Headers.get("auto-submitted"),
 	}
 	for _, f := range []*string{&m.FromAddress, &m.FromName, &m.ToAddress, &m.Subject, &m.ReplyTo, &m.MessageID, &m.InReplyTo, &m.AutoSubmitted} {
-		*f = oneLine(*f)
+		*f = support.OneLine(*f)
 	}
 	for i, r := range m.References {
-		m.References[i] = oneLine(r)
+		m.References[i] = support.OneLine(r)
 	}
 	// Verdicts skipped for the answer's bounds are not known, which is not
 	// the same as none: the queue threads the mail as it would a fail.
@@ -275,20 +275,6 @@ func firstAddress(list json.RawMessage, header string) string {
 		}
 	}
 	return ""
-}
-
-// oneLine replaces every C0 control character (CR, LF, NUL, TAB and the
-// rest) and DEL with a space. These fields come from headers, where a line
-// break is a header injection waiting for the app that copies one into a
-// reply (the support form refuses them in the same fields); RFC 2047
-// decoding (=0D=0A) can bring them back, so this runs on the decoded value.
-func oneLine(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -28,6 +28,9 @@ func (r *Receiver) subscriptionEvent(h head, at time.Time) (applyFunc, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := subscriptionIDs(sub); err != nil {
+		return nil, err
+	}
 	// Only an object whose list was cut is kept for the apply: every
 	// other delivery keeps nothing more than it did.
 	var cut *subscriptionJSON
@@ -198,6 +201,9 @@ func (r *Receiver) featuresEvent(h head, at time.Time) (applyFunc, error) {
 	if s.Customer == "" {
 		return nil, fmt.Errorf("%w: customer", errMissing)
 	}
+	if err := checkID("customer", string(s.Customer), maxObjectID); err != nil {
+		return nil, err
+	}
 	ev := entitlements.FeatureEvent{ID: h.ID, Type: h.Type, Created: at}
 	var prev struct {
 		Entitlements *struct {
@@ -287,6 +293,9 @@ func (r *Receiver) checkoutEvent(h head, at time.Time) (applyFunc, error) {
 	}
 	if cs.Metadata == nil {
 		cs.Metadata = map[string]string{}
+	}
+	if err := checkoutIDs(cs); err != nil {
+		return nil, err
 	}
 	ev := entitlements.Event{ID: h.ID, Type: h.Type, Created: at}
 	return func(ctx context.Context) (entitlements.Result, error) {

@@ -5,10 +5,6 @@ import (
 	"net/netip"
 )
 
-// SpamSpread is how far above the latest real id a honeypot post's id may
-// be.
-const SpamSpread = spamSpread
-
 // RateLimit is the form's rate limit with a bare 429, for the tests of how
 // it tells clients apart; the form's own 429 is tested through Submit.
 func RateLimit(perMinute int, trusted []netip.Prefix) func(http.Handler) http.Handler {

@@ -3,16 +3,12 @@ package support
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	crand "crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"mime"
 	"net/http"
 	"net/mail"
@@ -120,8 +116,8 @@ type Form struct {
 	trusted     []netip.Prefix
 	logger      *slog.Logger
 	submissions *prometheus.CounterVec
-	// spamKey keys a honeypot post's id (fakeID).
-	spamKey [32]byte
+	// spamIDs are the ids honeypot posts were answered with, by key.
+	spamIDs *spamIDs
 }
 
 // NewForm returns the support form, queueing into q.
@@ -142,13 +138,13 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 		redirectURL: cfg.RedirectURL,
 		dbSlots:     make(chan struct{}, max(1, cfg.DatabaseMaxConns/formPoolDivisor)),
 		trusted:     cfg.TrustedProxies,
+		spamIDs:     newSpamIDs(spamKeysKept),
 		logger:      logger,
 		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "support_form_submissions_total",
 			Help: "Support form posts by outcome (spam: the honeypot was filled; nothing stored).",
 		}, []string{"outcome"}),
 	}
-	crand.Read(f.spamKey[:]) // never returns an error
 	f.cors = f.origins.cors()
 	f.limit = rateLimit(cfg.Rate, cfg.TrustedProxies, f.rateLimited)
 	for _, o := range []string{outcomeAccepted, outcomeDuplicate, outcomeInvalid, outcomeRateLimited,
@@ -365,54 +361,6 @@ func (f *Form) failed(w http.ResponseWriter, r *http.Request, html bool, err err
 	f.problem(w, html, http.StatusInternalServerError, "could not queue the message, try again")
 }
 
-// spam answers a valid post whose honeypot is filled exactly as a success,
-// so the bot learns nothing, and stores nothing.
-func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool, key string) {
-	id, err := f.fakeID(r.Context(), key)
-	if err != nil {
-		f.failed(w, r, html, err)
-		return
-	}
-	f.submissions.WithLabelValues(outcomeSpam).Inc()
-	f.logger.InfoContext(r.Context(), "support form: honeypot filled, nothing stored")
-	f.respond(w, r, html, id)
-}
-
-// spamSpread is the width of the window of ids a honeypot post's id is
-// drawn from: wide enough that two keys rarely share one, narrow enough to
-// look like ids the queue is handing out.
-const spamSpread = 1000
-
-// fakeID is the id a honeypot post is answered with. Real ids count up
-// from 1 (bigserial), so a fake one is drawn from the window of spamSpread
-// ids holding the latest real one, read on every such post (as a real post
-// does its database work): an id of a billion would give the bot away on a
-// queue of a few thousand messages, and a window read once would fall
-// behind the queue. The same Idempotency-Key gets the same id while the
-// window stands (a real repeat always does): an HMAC of the key under a
-// key this process drew at random picks it, so nothing is stored and
-// nothing is configured. The price: another replica, this one after a
-// restart, or the queue moving to the next window answers the same key
-// with another id, and a key reused for another message gets its id rather
-// than a real post's 422.
-func (f *Form) fakeID(ctx context.Context, key string) (int64, error) {
-	var latest int64
-	err := f.withDB(ctx, func(ctx context.Context) (err error) {
-		latest, err = f.queue.latestID(ctx)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	base := latest - latest%spamSpread + 1
-	if key == "" {
-		return base + rand.Int64N(spamSpread), nil
-	}
-	mac := hmac.New(sha256.New, f.spamKey[:])
-	mac.Write([]byte(key))
-	return base + int64(binary.BigEndian.Uint64(mac.Sum(nil))%spamSpread), nil
-}
-
 // invalid answers 422: the problems as JSON, or the form again with them
 // and with what was typed (never the honeypot). A post with the honeypot
 // filled is answered the same and counted as spam: outcome invalid counts
@@ -545,16 +493,21 @@ func (f *form) fields() []formField {
 }
 
 // validate records every problem with f in errs and returns f as it will be
-// stored: each field trimmed of surrounding white space.
+// stored: the one-line fields cleaned by OneLine, each field trimmed of
+// surrounding white space.
 func (f form) validate(errs fieldErrors) form {
 	for _, fl := range f.fields() {
 		v := fl.value
 		if strings.ContainsRune(*v, 0) {
 			errs.add(fl.name, "must not contain NUL characters")
 		}
-		if fl.name != "message" && strings.ContainsAny(*v, "\r\n") {
-			// These fields may end up in a mail header when support replies.
-			errs.add(fl.name, "must not contain line breaks")
+		if fl.name != "message" {
+			if strings.ContainsAny(*v, "\r\n") {
+				// These fields may end up in a mail header when support replies.
+				errs.add(fl.name, "must not contain line breaks")
+			}
+			// The rest is cleaned as mail's same fields are.
+			*v = OneLine(*v)
 		}
 		*v = strings.TrimSpace(*v)
 		if utf8.RuneCountInString(*v) > fl.max {

@@ -38,6 +38,9 @@ func FuzzForm(f *testing.F) {
 			if strings.ContainsAny(v, "\r\n") {
 				t.Fatalf("accepted a line break in %s: %q", name, v)
 			}
+			if OneLine(v) != v {
+				t.Fatalf("accepted %s %q, which mail's cleaning would change", name, v)
+			}
 		}
 		if fm.Message == "" || utf8.RuneCountInString(fm.Message) > maxMessage || utf8.RuneCountInString(fm.Subject) > maxSubject {
 			t.Fatalf("accepted message of %d and subject of %d characters", utf8.RuneCountInString(fm.Message), utf8.RuneCountInString(fm.Subject))

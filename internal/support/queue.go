@@ -491,13 +491,15 @@ func (q *Queue) Get(ctx context.Context, id int64) (Message, error) {
 	return m, nil
 }
 
-const latestIDSQL = `SELECT coalesce(max(id), 0) FROM support_messages`
+// nextIDSQL takes the next value of the id sequence, as an insert does.
+const nextIDSQL = `SELECT nextval(pg_get_serial_sequence('support_messages', 'id'))`
 
-// latestID returns the highest id a message holds, 0 when there is none.
-func (q *Queue) latestID(ctx context.Context) (int64, error) {
+// nextID takes the id the next inserted message would have had: it is no
+// message's, and none will ever have it.
+func (q *Queue) nextID(ctx context.Context) (int64, error) {
 	var id int64
-	if err := q.pool.QueryRow(ctx, latestIDSQL).Scan(&id); err != nil {
-		return 0, fmt.Errorf("latest support message id: %w", err)
+	if err := q.pool.QueryRow(ctx, nextIDSQL).Scan(&id); err != nil {
+		return 0, fmt.Errorf("next support message id: %w", err)
 	}
 	return id, nil
 }
