@@ -1,9 +1,10 @@
 package main
 
 // The README's quick start, run as a newcomer runs it: its first terminal
-// (make dev) in the repository, its second terminal's commands one by one
-// in a shell, each documented output checked, then, in the same shell,
-// the README's Stripe block and every block of docs/OPERATIONS.md,
+// (make dev, in the README's variant with the example app receiving the
+// app's webhooks) in the repository, its second terminal's commands one by
+// one in a shell, each documented output checked, then, in the same shell,
+// the README's Stripe and app blocks and every block of docs/OPERATIONS.md,
 // docs/DRIFT-AND-RECOVERY.md and docs/APP.md marked to run against make
 // dev. A change that makes those docs wrong fails here.
 
@@ -138,6 +139,17 @@ func quickstartBlock(t *testing.T, readme, name string) []quickstartStep {
 // the quick start leaves (its events sent, Stripe's drift repaired).
 var quickstartDocs = []string{"docs/OPERATIONS.md", "docs/DRIFT-AND-RECOVERY.md", "docs/APP.md"}
 
+// appFirstTerminal is the README's block that starts the example app and
+// make dev with the app's webhook at it; appPort is the port it and the
+// app block use, which the test swaps for a free one.
+const (
+	appFirstTerminal = "app first terminal"
+	appPort          = "127.0.0.1:8090"
+)
+
+// isFirstTerminal reports whether a block runs in the first terminal.
+func isFirstTerminal(name string) bool { return strings.HasSuffix(name, "first terminal") }
+
 // secondTerminal is every command the second terminal runs: the README's
 // marked blocks other than the first terminal's (second terminal first),
 // then the docs' marked blocks.
@@ -145,7 +157,7 @@ func secondTerminal(t *testing.T, readme string) (steps []quickstartStep, blocks
 	t.Helper()
 	sections := quickstartSections(t, "README.md", readme)
 	for _, s := range sections {
-		if s.name == "first terminal" {
+		if isFirstTerminal(s.name) {
 			continue
 		}
 		if len(blocks) == 0 && s.name != "second terminal" {
@@ -216,7 +228,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	quickstartNeeds(t)
 	t.Parallel()
 	readme := readRepoFile(t, "README.md")
-	first := quickstartBlock(t, readme, "first terminal")
+	first := appVariant(t, quickstartBlock(t, readme, "first terminal"), quickstartBlock(t, readme, appFirstTerminal))
 	second, blocks := secondTerminal(t, readme)
 	t.Logf("the second terminal runs %d commands of these blocks:\n%s", len(second), strings.Join(blocks, "\n"))
 
@@ -248,6 +260,16 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(port)
 	devDir := filepath.Join(work, ".dev")
+	// The example app's port, free, in place of the README's.
+	if port, err = dbtest.FreePort(); err != nil {
+		t.Fatal(err)
+	}
+	appAddr := "127.0.0.1:" + strconv.Itoa(port)
+	for _, steps := range [][]quickstartStep{first, second} {
+		for i := range steps {
+			steps[i].command = strings.ReplaceAll(steps[i].command, appPort, appAddr)
+		}
+	}
 
 	// First terminal.
 	env := newcomerEnv(t)
@@ -294,7 +316,13 @@ func TestReadmeQuickStart(t *testing.T) {
 			return errors.New("make dev did not stop within a minute of Ctrl-C")
 		}
 	}
-	t.Cleanup(func() { _ = stop() })
+	t.Cleanup(func() {
+		_ = stop()
+		// The example app, started in the background as the README
+		// does, is left running by make dev's end: a terminal's
+		// kill %1.
+		_ = syscall.Kill(-dev.Process.Pid, syscall.SIGKILL)
+	})
 	showLog := func() {
 		t.Helper()
 		b, _ := os.ReadFile(devLog)
@@ -362,6 +390,32 @@ func TestReadmeQuickStart(t *testing.T) {
 	if failed {
 		showLog()
 	}
+}
+
+// appVariant checks that the README's app first terminal is its plain
+// first terminal (make dev) with the example app in front and the app's
+// webhook variables before make dev, and returns it: the quick start runs
+// that variant, so that both blocks are run.
+func appVariant(t *testing.T, plain, app []quickstartStep) []quickstartStep {
+	t.Helper()
+	if len(plain) != 1 || len(app) == 0 {
+		t.Fatalf("README.md: the first terminal is %v and its app variant %v; want make dev alone, and make dev last", plain, app)
+	}
+	last := app[len(app)-1].command
+	if !strings.HasSuffix(last, " "+plain[0].command) {
+		t.Fatalf("README.md: the %s block ends with %q, want the first terminal's %q after the app's variables", appFirstTerminal, last, plain[0].command)
+	}
+	script := ""
+	for _, s := range app {
+		script += s.command + "\n"
+	}
+	for _, want := range []string{"APP_WEBHOOK_SECRET=", "APP_WEBHOOK_URL=http://" + appPort + "/hooks", "APP_WEBHOOK_ALLOW_HTTP=true",
+		"go run ./examples/appreceiver -addr " + appPort + " &"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("README.md: the %s block has no %q", appFirstTerminal, want)
+		}
+	}
+	return app
 }
 
 // waitReady polls the service's /readyz until it answers 200, make dev

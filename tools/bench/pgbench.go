@@ -31,6 +31,16 @@ func (r pgbenchRun) cpuPerTx() time.Duration { return r.cpu / time.Duration(max(
 // behind the change, and the ledger row's event id) are the event id, as
 // on the service's fast path.
 func upsertValues() map[int]string {
+	v := upsertAfter()
+	// The state the fixture says it came from (its previous_attributes:
+	// status incomplete), and not a customer.subscription.created.
+	v[30] = strings.Replace(v[29], `"status":"active"`, `"status":"incomplete"`, 1)
+	v[31] = "false"
+	return v
+}
+
+// upsertAfter is upsertValues up to the change's after ($29).
+func upsertAfter() map[int]string {
 	return map[int]string{
 		2:  "cus_QmunchableCust01",
 		3:  "active",
