@@ -10,6 +10,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -377,6 +378,14 @@ func TestReadmeQuickStart(t *testing.T) {
 		failed = true
 	}
 
+	// "The team got it": the README says the mail's forward reaches the
+	// stand-in's POST /emails, to SUPPORT_FORWARD_TO with Reply-To the
+	// customer and the receipt, and relay list shows it delivered. The
+	// relay runs beside deliveries, so give it a moment.
+	if !forwardSeen(t, devLog, work) {
+		failed = true
+	}
+
 	// Ctrl-C in the first terminal: the service drains, then the stand-in
 	// and the servers stop and .dev/env goes.
 	if err := stop(); err != nil && !isInterrupt(err) {
@@ -544,4 +553,39 @@ func readRepoFile(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// forwardSeen waits up to 30 s for the README's "the team got it": the
+// stand-in printing the forward of the quick start's mail, and
+// `relay list --consumer forward` run as the second terminal runs it
+// printing it delivered.
+func forwardSeen(t *testing.T, devLog, dir string) bool {
+	t.Helper()
+	want := []string{
+		"devresend: POST /emails: would have sent",
+		"To:       team@munchable.app",
+		"Reply-To: ada@example.com",
+		"Attached: receipt.png",
+	}
+	var log, list []byte
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		log, _ = os.ReadFile(devLog)
+		cmd := exec.Command("bash", "--noprofile", "--norc", "-c",
+			`set -a; . .dev/env; set +a; export PATH="$PWD/bin:$PATH"; munchable-webhooks relay list --consumer forward`)
+		cmd.Dir, cmd.Env = dir, newcomerEnv(t)
+		list, _ = cmd.CombinedOutput()
+		seen := bytes.Contains(list, []byte(`"state":"delivered"`))
+		for _, w := range want {
+			seen = seen && bytes.Contains(log, []byte(w))
+		}
+		if seen {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the README's forward to the team: make dev's output lacks one of %q, or relay list --consumer forward printed no delivered row:\n%s", want, list)
+			return false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
