@@ -58,6 +58,9 @@ func TestRejectionFloodLogsSampled(t *testing.T) {
 		t.Helper()
 		got := map[line]int{}
 		for s := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
+			if s == "" {
+				continue
+			}
 			var l line
 			if err := json.Unmarshal([]byte(s), &l); err != nil {
 				t.Fatalf("log line %q: %v", s, err)
