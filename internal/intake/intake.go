@@ -157,7 +157,7 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, limit int64) (*Bo
 	// trickled in a byte at a time must not hold its memory, or its
 	// connection, that long. A writer without a connection (a test
 	// recorder) cannot set a deadline and needs none.
-	dl := in.newDeadlines(w)
+	dl := deadlines{in: in, w: w, start: time.Now()}
 	if err := dl.set(0); err != nil {
 		return nil, fmt.Errorf("set body deadline: %w", err)
 	}
@@ -181,7 +181,7 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, limit int64) (*Bo
 				// stalled client would hold the answer and the connection
 				// until the body deadline. A deadline that has passed makes
 				// that read fail at once, and the connection close.
-				_ = dl.rc.SetReadDeadline(time.Now())
+				_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 				return nil, err
 			}
 			free = b.chunks[len(b.chunks)-1][:]
@@ -213,14 +213,10 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, limit int64) (*Bo
 // more by grace + n/minRate after it began.
 type deadlines struct {
 	in    *Intake
-	rc    *http.ResponseController
+	w     http.ResponseWriter
 	start time.Time
 	at    time.Time // the deadline set, zero for none
 	rated bool      // at is the minimum rate's, not the timeout's
-}
-
-func (in *Intake) newDeadlines(w http.ResponseWriter) *deadlines {
-	return &deadlines{in: in, rc: http.NewResponseController(w), start: time.Now()}
 }
 
 // set moves the deadline for a body holding n bytes, if it changes.
@@ -240,7 +236,7 @@ func (d *deadlines) set(n int) error {
 		return nil
 	}
 	d.at, d.rated = at, rated
-	err := d.rc.SetReadDeadline(at)
+	err := http.NewResponseController(d.w).SetReadDeadline(at)
 	if errors.Is(err, http.ErrNotSupported) {
 		return nil
 	}
