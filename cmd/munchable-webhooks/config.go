@@ -57,6 +57,11 @@ type config struct {
 	MaxInflightBodyBytes int64         `env:"MAX_INFLIGHT_BODY_BYTES" envDefault:"33554432"`
 	// MaxConnections bounds the connections each listener holds at once.
 	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"1024"`
+	// MaxConnectionsPerClient bounds those of one client address outside
+	// TRUSTED_PROXIES (0: no cap); BodyMinRate is the slowest a body may
+	// arrive once bodyMinRateGrace has passed (0: no minimum).
+	MaxConnectionsPerClient int   `env:"MAX_CONNECTIONS_PER_CLIENT" envDefault:"64"`
+	BodyMinRate             int64 `env:"BODY_MIN_RATE" envDefault:"1024"`
 
 	// EventsRetention is how long the ledger and the feed keep their rows;
 	// 0 keeps them.
@@ -563,6 +568,8 @@ func (c *config) checkLimits(add addProblem) {
 		// most half of it, and a 1 MiB delivery must fit there.
 		{"MAX_INFLIGHT_BODY_BYTES", c.MaxInflightBodyBytes, 2 << 20, "a size in bytes, such as 33554432 (32 MiB)"},
 		{"MAX_CONNECTIONS", int64(c.MaxConnections), 1, "connections per listener, such as 1024"},
+		{"MAX_CONNECTIONS_PER_CLIENT", int64(c.MaxConnectionsPerClient), 0, "0 (no cap) or connections one client address may hold per listener, such as 64"},
+		{"BODY_MIN_RATE", c.BodyMinRate, 0, "0 (no minimum) or bytes a second, such as 1024"},
 		{"SWEEP_MAX_PAGES", int64(c.SweepMaxPages), 1, "pages a sweep pass reads, such as 50"},
 		// One mail at the caps must fit alone: its answer, a page of its
 		// attachment list and one attachment of the largest size stored.
@@ -602,7 +609,8 @@ func (c *config) warnings() []string {
 	for _, p := range c.trustedProxies {
 		if doc, ok := documentationRange(p); ok {
 			w = append(w, fmt.Sprintf("TRUSTED_PROXIES has %s, inside the documentation range %s (deploy/configmap.yaml's placeholder): "+
-				"no load balancer stands there, so every client behind yours shares one support-form rate limit; "+
+				"no load balancer stands there, so every client behind yours shares one support-form rate limit "+
+				"and one address's MAX_CONNECTIONS_PER_CLIENT connections (the providers too: beyond it, 503); "+
 				"set TRUSTED_PROXIES to your load balancer's addresses (such as 10.0.0.0/8), or to \"\" when clients connect directly", p, doc))
 		}
 	}

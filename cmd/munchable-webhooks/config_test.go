@@ -96,6 +96,8 @@ func TestConfigProblems(t *testing.T) {
 		{"trusted proxies", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,lan"}, nil, []string{`TRUSTED_PROXIES has "lan"`}},
 		{"connections and body budget", map[string]string{"MAX_CONNECTIONS": "0", "MAX_INFLIGHT_BODY_BYTES": "1048576"}, nil,
 			[]string{"MAX_CONNECTIONS must be at least 1", "MAX_INFLIGHT_BODY_BYTES must be at least 2097152"}},
+		{"per-client connections and body rate", map[string]string{"MAX_CONNECTIONS_PER_CLIENT": "-1", "BODY_MIN_RATE": "-5"}, nil,
+			[]string{"MAX_CONNECTIONS_PER_CLIENT must be at least 0", "BODY_MIN_RATE must be at least 0"}},
 		{"stripe secret is an API key", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, nil, []string{"STRIPE_WEBHOOK_SECRET is invalid: want the whsec_"}},
 		{"listen addresses", map[string]string{"LISTEN_ADDR": "8080", "METRICS_ADDR": "metrics"}, nil,
 			[]string{`LISTEN_ADDR is "8080": want host:port`, `METRICS_ADDR is "metrics": want host:port`}},

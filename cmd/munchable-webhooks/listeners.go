@@ -100,16 +100,17 @@ func (c *idleCloser) connState(conn net.Conn, state http.ConnState) {
 	}
 }
 
-// listen opens addr holding at most maxConns connections at once. Go's
+// listen opens addr holding at most maxConns connections at once, and at
+// most perClient's share from one client address (clientCap). Go's
 // server keeps a goroutine, buffers and the parsed request per connection,
 // and the body budget is sized by this limit (a first chunk per
 // connection): beyond it, a new connection waits in the kernel's accept
 // queue until one ends, rather than being served. netutil.LimitListener
 // releases a slot when the connection closes, and unblocks on Close.
-func listen(addr string, maxConns int) (net.Listener, error) {
+func listen(addr string, maxConns int, perClient clientCap) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	return netutil.LimitListener(ln, maxConns), nil
+	return netutil.LimitListener(perClient.wrap(ln), maxConns), nil
 }

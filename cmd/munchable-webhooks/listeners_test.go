@@ -16,7 +16,7 @@ import (
 // connections, with the service's limits, and returns its address.
 func serveLimited(t *testing.T, maxConns int) string {
 	t.Helper()
-	ln, err := listen("127.0.0.1:0", maxConns)
+	ln, err := listen("127.0.0.1:0", maxConns, clientCap{})
 	if err != nil {
 		t.Fatal(err)
 	}

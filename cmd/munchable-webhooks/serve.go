@@ -28,6 +28,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/leader"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/logsample"
 	"github.com/munchable/munchable-webhooks/internal/relay"
 	"github.com/munchable/munchable-webhooks/internal/resendhook"
 	"github.com/munchable/munchable-webhooks/internal/stripehook"
@@ -77,10 +78,16 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	claimsUsable := claim.NewUsable(claims, logger)
 	registry.MustRegister(claimsUsable.Gauge())
 	_ = claimsUsable.Check(ctx) // logs why when claims do not work yet
-	// Both providers' bodies and the form's share one deadline and one
-	// memory budget.
+	// Refusals (deliveries rejected before the claim, form posts turned
+	// away, connections over a client's share) are logged sampled: anyone
+	// can send them by the thousand.
+	refusals := logsample.New(logger, logsample.Config{})
+	defer background(ctx, refusals.Run)()
+	// Both providers' bodies and the form's share one deadline, one
+	// minimum rate and one memory budget.
 	bodies := intake.New(intake.Config{
 		Timeout:        cfg.BodyReadTimeout,
+		MinRate:        cfg.BodyMinRate,
 		Budget:         cfg.MaxInflightBodyBytes,
 		MaxConnections: cfg.MaxConnections,
 	})
@@ -109,6 +116,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Registerer:     registry,
 		Intake:         bodies,
 		Ledger:         led,
+		Refusals:       refusals,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
@@ -120,6 +128,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Intake:           bodies,
 		Logger:           logger,
 		Registerer:       registry,
+		Refusals:         refusals,
 	})
 	probe := newPostgresProbe(pool)
 	defer probe.close()
@@ -163,7 +172,12 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	})
 	private := http.NewServeMux()
 	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining)
-	err = listenAndServe(ctx, stop, cfg, logger, handler, private, &draining)
+	refused := refusedConnections(registry)
+	caps := []clientCap{
+		{perClient: cfg.MaxConnectionsPerClient, trusted: cfg.trustedProxies, listener: "main", refused: refused.WithLabelValues("main"), refusals: refusals},
+		{perClient: cfg.MaxConnectionsPerClient, trusted: cfg.trustedProxies, listener: "metrics", refused: refused.WithLabelValues("metrics"), refusals: refusals},
+	}
+	err = listenAndServe(ctx, stop, cfg, logger, handler, private, caps, &draining)
 	stopJobs()
 	jobsDone()
 	return err
@@ -277,8 +291,9 @@ func publicMetrics(cfg config, metrics http.Handler, logger *slog.Logger) http.H
 // so the load balancer stops sending; then the listener closes and
 // in-flight deliveries finish under their deadline, releasing any claim
 // they cannot complete.
-// private is what METRICS_ADDR serves, when set.
-func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, private http.Handler, draining *atomic.Bool) error {
+// private is what METRICS_ADDR serves, when set; caps are each listener's
+// per-client share, main and metrics.
+func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.Logger, handler, private http.Handler, caps []clientCap, draining *atomic.Bool) error {
 	errorLog := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	// A delivery may run for the whole handler deadline before it answers.
 	srv := limitedServer(handler, errorLog, 30*time.Second,
@@ -293,14 +308,15 @@ func listenAndServe(ctx context.Context, stop func(), cfg config, logger *slog.L
 	for i, s := range servers {
 		// Each listener holds MAX_CONNECTIONS at most: the metrics one is
 		// as reachable as the other where the network is not trusted.
-		ln, err := listen(addrs[i], cfg.MaxConnections)
+		ln, err := listen(addrs[i], cfg.MaxConnections, caps[i])
 		if err != nil {
 			for _, started := range servers[:i] {
 				_ = started.Close()
 			}
 			return err
 		}
-		logger.Info("serving", "addr", ln.Addr().String(), "metrics_only", i > 0, "max_connections", cfg.MaxConnections)
+		logger.Info("serving", "addr", ln.Addr().String(), "metrics_only", i > 0, "max_connections", cfg.MaxConnections,
+			"max_connections_per_client", cfg.MaxConnectionsPerClient)
 		go func() { served <- s.Serve(ln) }()
 	}
 

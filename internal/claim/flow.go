@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/munchable/munchable-webhooks/internal/intake"
+	"github.com/munchable/munchable-webhooks/internal/logsample"
 )
 
 // Provider is one webhook source and its claim policy.
@@ -128,6 +129,11 @@ type FlowConfig struct {
 	// Ledger, when not nil, records each failed attempt after its
 	// rollback (the effect's store records the others with the effect).
 	Ledger Recorder
+	// Refusals samples the log lines of refused deliveries (rejected
+	// before the claim, or turned away for want of budget), which anyone
+	// can send by the thousand; nil: a sampler of the flow's own on
+	// Logger, with the defaults.
+	Refusals *logsample.Sampler
 }
 
 // Recorder keeps what happened to an event beyond its claim: the ledger
@@ -149,6 +155,7 @@ type Flow struct {
 	ledger         Recorder
 	intake         *intake.Intake
 	logger         *slog.Logger
+	refusals       *logsample.Sampler
 	metrics        *metrics
 }
 
@@ -162,6 +169,10 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 	if bodies == nil {
 		bodies = intake.New(intake.Config{})
 	}
+	refusals := cfg.Refusals
+	if refusals == nil {
+		refusals = logsample.New(logger, logsample.Config{})
+	}
 	return &Flow{
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
@@ -169,6 +180,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 		ledger:         cfg.Ledger,
 		intake:         bodies,
 		logger:         logger,
+		refusals:       refusals,
 		metrics:        newMetrics(cfg.Registerer),
 	}
 }
@@ -402,11 +414,23 @@ func (e *Endpoint) record(ctx context.Context, ev Event, v verdict, start time.T
 	if v.mismatch {
 		attrs = append(attrs, slog.Bool("body_mismatch", true))
 	}
+	var refused string // the sampler's kind, for a refusal
 	if v.outcome == Rejected {
-		attrs = append(attrs, slog.String("reason", rejection(v.err)))
+		reason := rejection(v.err)
+		attrs = append(attrs, slog.String("reason", reason))
+		refused = "webhook rejected " + name + " " + reason
+	}
+	if v.busy {
+		refused = "webhook busy " + name
 	}
 	if v.err != nil {
 		attrs = append(attrs, slog.String("err", v.err.Error()))
+	}
+	if refused != "" && v.degraded == "" && !v.mismatch {
+		// A refusal ran nothing and costs the sender nothing to repeat:
+		// its lines are sampled, and the counters keep the full count.
+		e.flow.refusals.Log(ctx, level, refused, "webhook delivery", attrs...)
+		return
 	}
 	e.flow.logger.LogAttrs(ctx, level, "webhook delivery", attrs...)
 }

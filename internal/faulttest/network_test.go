@@ -353,7 +353,10 @@ func TestMaxConnections(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	const max = 20
-	svc := r.service(map[string]string{"MAX_CONNECTIONS": strconv.Itoa(max)})
+	// No minimum body rate: it would cut the held bodies 2 s in, and the
+	// limit alone is under test (TestTricklingClientCannotTakeEverySlot
+	// has both).
+	svc := r.service(map[string]string{"MAX_CONNECTIONS": strconv.Itoa(max), "BODY_MIN_RATE": "0"})
 	// The readiness poll's connection may linger a moment; give it time to
 	// go before counting on every slot.
 	time.Sleep(200 * time.Millisecond)

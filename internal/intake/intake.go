@@ -23,6 +23,11 @@ var (
 	ErrBudget = errors.New("body budget spent")
 )
 
+// DefaultMinRateGrace is how long a body may arrive at any pace before
+// the minimum rate applies: a provider's event or a form post arrives in
+// one or two packets, well within it, on any link that can load a page.
+const DefaultMinRateGrace = 2 * time.Second
+
 // RetryAfter is how long a body refused for want of budget should wait:
 // the bodies holding it finish or time out within BODY_READ_TIMEOUT.
 const RetryAfter = 5 * time.Second
@@ -53,6 +58,14 @@ type Config struct {
 	// Timeout is the longest a body may take to arrive (BODY_READ_TIMEOUT);
 	// 0: no deadline of its own (the server's ReadTimeout still holds).
 	Timeout time.Duration
+	// MinRate is the slowest, in bytes a second on average since the body
+	// began, that a body may arrive once MinRateGrace has passed
+	// (BODY_MIN_RATE); slower, it is cut as if its deadline had passed
+	// (ErrTimeout). 0: no minimum.
+	MinRate int64
+	// MinRateGrace is how long a body may take before MinRate applies;
+	// 0: DefaultMinRateGrace.
+	MinRateGrace time.Duration
 	// Budget is the bytes all bodies being read may hold at once
 	// (MAX_INFLIGHT_BODY_BYTES), every byte counted; 0: no budget.
 	Budget int64
@@ -82,6 +95,8 @@ type Config struct {
 // holds either way.
 type Intake struct {
 	timeout time.Duration
+	minRate int64
+	grace   time.Duration
 	budget  int64
 	// reserve is the part of the budget only first chunks may use.
 	reserve int64
@@ -90,7 +105,10 @@ type Intake struct {
 
 // New returns an Intake configured by cfg.
 func New(cfg Config) *Intake {
-	in := &Intake{timeout: cfg.Timeout, budget: cfg.Budget}
+	in := &Intake{timeout: cfg.Timeout, minRate: cfg.MinRate, grace: cfg.MinRateGrace, budget: cfg.Budget}
+	if in.grace <= 0 {
+		in.grace = DefaultMinRateGrace
+	}
 	in.reserve = cfg.Budget / 2
 	if cfg.MaxConnections > 0 {
 		in.reserve = min(in.reserve, int64(cfg.MaxConnections)*ChunkSize)
@@ -135,15 +153,13 @@ func (b *Body) Bytes() []byte { return b.data }
 // budget (ErrBudget). The caller checks the content type first, and calls
 // Release once it no longer uses the body's bytes.
 func (in *Intake) Read(w http.ResponseWriter, r *http.Request, limit int64) (*Body, error) {
-	if in.timeout > 0 {
-		// The server's ReadTimeout spans headers and body and is long; a
-		// body trickled in a byte at a time must not hold its memory that
-		// long. A writer without a connection (a test recorder) cannot set
-		// a deadline and needs none.
-		err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(in.timeout))
-		if err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return nil, fmt.Errorf("set body deadline: %w", err)
-		}
+	// The server's ReadTimeout spans headers and body and is long; a body
+	// trickled in a byte at a time must not hold its memory, or its
+	// connection, that long. A writer without a connection (a test
+	// recorder) cannot set a deadline and needs none.
+	dl := deadlines{in: in, w: w, start: time.Now()}
+	if err := dl.set(0); err != nil {
+		return nil, fmt.Errorf("set body deadline: %w", err)
 	}
 	b := bodyPool.Get().(*Body)
 	b.in = in
@@ -175,16 +191,65 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, limit int64) (*Bo
 		if err == io.EOF {
 			break
 		}
+		if err == nil && m > 0 && (r.ContentLength < 0 || int64(n) < r.ContentLength) {
+			// More to come: the minimum rate moves the deadline on.
+			err = dl.set(n)
+		}
 		if err != nil {
 			b.Release()
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("%w after %s: %w", ErrTimeout, in.timeout, err)
+				err = dl.exceeded(n, err)
 			}
 			return nil, err
 		}
 	}
 	b.join(n)
 	return b, nil
+}
+
+// deadlines is one body's read deadline: BODY_READ_TIMEOUT after the body
+// began, or sooner while the body arrives under the minimum rate, which
+// moves the deadline on as bytes arrive: a body holding n bytes must have
+// more by grace + n/minRate after it began.
+type deadlines struct {
+	in    *Intake
+	w     http.ResponseWriter
+	start time.Time
+	at    time.Time // the deadline set, zero for none
+	rated bool      // at is the minimum rate's, not the timeout's
+}
+
+// set moves the deadline for a body holding n bytes, if it changes.
+func (d *deadlines) set(n int) error {
+	var at time.Time
+	rated := false
+	if d.in.timeout > 0 {
+		at = d.start.Add(d.in.timeout)
+	}
+	if d.in.minRate > 0 {
+		byRate := d.start.Add(d.in.grace + time.Duration(float64(n)/float64(d.in.minRate)*float64(time.Second)))
+		if at.IsZero() || byRate.Before(at) {
+			at, rated = byRate, true
+		}
+	}
+	if at.Equal(d.at) {
+		return nil
+	}
+	d.at, d.rated = at, rated
+	err := http.NewResponseController(d.w).SetReadDeadline(at)
+	if errors.Is(err, http.ErrNotSupported) {
+		return nil
+	}
+	return err
+}
+
+// exceeded is the error of a body whose deadline passed with n bytes read.
+func (d *deadlines) exceeded(n int, err error) error {
+	if d.rated {
+		return fmt.Errorf("%w: %d bytes in %s, under %d bytes a second: %w",
+			ErrTimeout, n, time.Since(d.start).Round(time.Millisecond), d.in.minRate, err)
+	}
+	return fmt.Errorf("%w after %s: %w", ErrTimeout, d.in.timeout, err)
 }
 
 // grow adds a chunk drawn from the budget: the first from all of it, the

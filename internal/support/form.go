@@ -23,6 +23,7 @@ import (
 	"github.com/rs/cors"
 
 	"github.com/munchable/munchable-webhooks/internal/intake"
+	"github.com/munchable/munchable-webhooks/internal/logsample"
 )
 
 // Limits of the support form. Lengths are in characters (runes), as a
@@ -100,6 +101,10 @@ type FormConfig struct {
 	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Refusals samples the log lines of refused posts (rate limited,
+	// from another site, the database busy), which anyone can send by the
+	// thousand; nil: a sampler of the form's own on Logger.
+	Refusals *logsample.Sampler
 }
 
 // Form is the site's support form: its page, its CORS preflight and its
@@ -115,6 +120,7 @@ type Form struct {
 	bodies      *intake.Intake
 	trusted     []netip.Prefix
 	logger      *slog.Logger
+	refusals    *logsample.Sampler
 	submissions *prometheus.CounterVec
 	// spamIDs are the ids honeypot posts were answered with, by key.
 	spamIDs *spamIDs
@@ -130,6 +136,10 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 	if bodies == nil {
 		bodies = intake.New(intake.Config{})
 	}
+	refusals := cfg.Refusals
+	if refusals == nil {
+		refusals = logsample.New(logger, logsample.Config{})
+	}
 	f := &Form{
 		queue:       q,
 		bodies:      bodies,
@@ -140,6 +150,7 @@ func NewForm(q *Queue, cfg FormConfig) *Form {
 		trusted:     cfg.TrustedProxies,
 		spamIDs:     newSpamIDs(spamKeysKept),
 		logger:      logger,
+		refusals:    refusals,
 		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "support_form_submissions_total",
 			Help: "Support form posts by outcome (spam: the honeypot was filled; nothing stored).",
@@ -352,7 +363,8 @@ func (f *Form) respond(w http.ResponseWriter, r *http.Request, html bool, id int
 func (f *Form) failed(w http.ResponseWriter, r *http.Request, html bool, err error) {
 	f.submissions.WithLabelValues(outcomeFailed).Inc()
 	if errors.Is(err, errDatabaseBusy) {
-		f.logger.WarnContext(r.Context(), "support form: database busy, answered 503", "err", err)
+		f.refusals.Log(r.Context(), slog.LevelWarn, "support form busy", "support form: database busy, answered 503",
+			slog.String("err", err.Error()))
 		w.Header().Set("Retry-After", formRetryAfter)
 		f.problem(w, html, http.StatusServiceUnavailable, "the support queue is busy, try again in a few seconds")
 		return
@@ -394,8 +406,8 @@ func (f *Form) checkOrigin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !f.origins.allows(r) {
 			f.submissions.WithLabelValues(outcomeForbidden).Inc()
-			f.logger.InfoContext(r.Context(), "support form: post from another site refused",
-				"origin", r.Header.Get("Origin"), "referer_sent", r.Header.Get("Referer") != "")
+			f.refusals.Log(r.Context(), slog.LevelInfo, "support form forbidden", "support form: post from another site refused",
+				slog.String("origin", r.Header.Get("Origin")), slog.Bool("referer_sent", r.Header.Get("Referer") != ""))
 			f.problem(w, wantsHTML(r), http.StatusForbidden, "this page may not send messages to support")
 			return
 		}
@@ -406,8 +418,8 @@ func (f *Form) checkOrigin(next http.Handler) http.Handler {
 // rateLimited answers a client over its limit and leaves a trace of it.
 func (f *Form) rateLimited(w http.ResponseWriter, r *http.Request) {
 	f.submissions.WithLabelValues(outcomeRateLimited).Inc()
-	f.logger.WarnContext(r.Context(), "support form: rate limited, answered 429",
-		"client", clientKey(r, f.trusted), "retry_after", w.Header().Get("Retry-After"))
+	f.refusals.Log(r.Context(), slog.LevelWarn, "support form rate limited", "support form: rate limited, answered 429",
+		slog.String("client", clientKey(r, f.trusted)), slog.String("retry_after", w.Header().Get("Retry-After")))
 	f.problem(w, wantsHTML(r), http.StatusTooManyRequests, "too many requests")
 }
 

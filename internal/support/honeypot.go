@@ -2,6 +2,7 @@ package support
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"sync"
 )
@@ -15,7 +16,7 @@ func (f *Form) spam(w http.ResponseWriter, r *http.Request, html bool, key strin
 		return
 	}
 	f.submissions.WithLabelValues(outcomeSpam).Inc()
-	f.logger.InfoContext(r.Context(), "support form: honeypot filled, nothing stored")
+	f.refusals.Log(r.Context(), slog.LevelInfo, "support form spam", "support form: honeypot filled, nothing stored")
 	f.respond(w, r, html, id)
 }
 

@@ -194,3 +194,30 @@ func TestRateLimitKey(t *testing.T) {
 		})
 	}
 }
+
+// TestRateLimitFloodLogsSampled: 2,000 posts over the limit from one client
+// make the first 10 lines in full (the client named), not 2,000; the
+// counter counts every one.
+func TestRateLimitFloodLogsSampled(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer // written by the handler, read after it returned
+	reg := prometheus.NewRegistry()
+	// An invalid post never reaches the queue: no database needed.
+	h := support.NewForm(nil, support.FormConfig{
+		Rate: 1, DatabaseMaxConns: 4,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg,
+	}).Submit()
+	if w := postFrom(h, "203.0.113.7:5000", `{"email":"nope"}`); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("first post: status = %d, want 422", w.Code)
+	}
+	for i := range 2000 {
+		if w := postFrom(h, "203.0.113.7:5000", `{"email":"nope"}`); w.Code != http.StatusTooManyRequests {
+			t.Fatalf("post %d: status = %d, want 429", i+2, w.Code)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 10 || !strings.Contains(lines[0], `"client":"203.0.113.7"`) {
+		t.Errorf("%d log lines for 2,000 refused posts, want the first 10 (the client named); the first: %s", len(lines), lines[0])
+	}
+	wantCounts(t, reg, map[string]float64{"invalid": 1, "rate_limited": 2000})
+}
