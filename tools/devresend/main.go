@@ -49,7 +49,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -57,6 +56,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/munchable/munchable-webhooks/tools/devrun"
 )
 
 func main() {
@@ -86,12 +87,12 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 	}
 	command := fs.Args()
 
-	if lookup(environ, urlEnv) != "" && len(command) > 0 {
+	if devrun.Lookup(environ, urlEnv) != "" && len(command) > 0 {
 		fmt.Fprintf(stderr, "devresend: %s is set: not serving, the command uses it\n", urlEnv)
-		if err := appendEnv(*envFile, urlEnv, lookup(environ, urlEnv)); err != nil {
+		if err := devrun.AppendEnv(*envFile, [2]string{urlEnv, devrun.Lookup(environ, urlEnv)}); err != nil {
 			return 1, err
 		}
-		return runCommand(command, environ, nil, stdout, stderr)
+		return devrun.Run(command, environ, nil, stdout, stderr)
 	}
 
 	mails, err := loadMails(*data)
@@ -104,7 +105,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 	}
 	base := "http://" + ln.Addr().String()
 	srv := &http.Server{
-		Handler:           newAPI(mails, lookup(environ, "RESEND_API_KEY"), stderr),
+		Handler:           newAPI(mails, devrun.Lookup(environ, "RESEND_API_KEY"), stderr),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	served := make(chan error, 1)
@@ -116,7 +117,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 		<-served
 	}()
 	fmt.Fprintf(stderr, "devresend: dev-only stand-in for the Resend API on %s, serving %d received email(s) from %s\n", base, len(mails), *data)
-	if err := appendEnv(*envFile, urlEnv, base); err != nil {
+	if err := devrun.AppendEnv(*envFile, [2]string{urlEnv, base}); err != nil {
 		return 1, err
 	}
 
@@ -130,37 +131,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 	}
-	return runCommand(command, environ, []string{urlEnv + "=" + base}, stdout, stderr)
-}
-
-// runCommand runs command with env added to environ and returns its exit
-// code. SIGINT and SIGTERM are caught and left to the command: the process
-// group they were sent to holds it too (forwarding them would make them
-// arrive twice).
-func runCommand(command, environ, env []string, stdout, stderr io.Writer) (int, error) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		for range sigs {
-		}
-	}()
-
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Env = append(slices.Clone(environ), env...)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	err := cmd.Run()
-	if err == nil {
-		return 0, nil
-	}
-	var exitErr *exec.ExitError
-	if !errors.As(err, &exitErr) {
-		return 1, fmt.Errorf("run %s: %w", command[0], err)
-	}
-	if status, ok := exitErr.Sys().(syscall.WaitStatus); ok && status.Signaled() {
-		return 128 + int(status.Signal()), nil
-	}
-	return exitErr.ExitCode(), nil
+	return devrun.Run(command, environ, []string{urlEnv + "=" + base}, stdout, stderr)
 }
 
 // mail is one received email: its Retrieve Received Email answer, its
@@ -488,29 +459,4 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(status int) {
 	w.status = status
 	w.ResponseWriter.WriteHeader(status)
-}
-
-// appendEnv appends name='value' to the env file ("": none), quoted for
-// a shell as withservers writes it.
-func appendEnv(file, name, value string) error {
-	if file == "" {
-		return nil
-	}
-	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("env file: %w", err)
-	}
-	_, err = fmt.Fprintf(f, "%s='%s'\n", name, strings.ReplaceAll(value, "'", `'\''`))
-	return errors.Join(err, f.Close())
-}
-
-// lookup returns the value of key in environ, or "".
-func lookup(environ []string, key string) string {
-	v := ""
-	for _, kv := range environ {
-		if val, ok := strings.CutPrefix(kv, key+"="); ok {
-			v = val // the last one wins, as in exec
-		}
-	}
-	return v
 }

@@ -41,15 +41,14 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/munchable/munchable-webhooks/internal/stripetest"
+	"github.com/munchable/munchable-webhooks/tools/devrun"
 )
 
 func main() {
@@ -85,16 +84,16 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 	}
 	command := fs.Args()
 
-	if lookup(environ, keyEnv) != "" && len(command) > 0 {
+	if devrun.Lookup(environ, keyEnv) != "" && len(command) > 0 {
 		fmt.Fprintf(stderr, "devstripe: %s is set: not serving, the command uses it\n", keyEnv)
-		vars := [][2]string{{keyEnv, lookup(environ, keyEnv)}}
-		if u := lookup(environ, urlEnv); u != "" {
+		vars := [][2]string{{keyEnv, devrun.Lookup(environ, keyEnv)}}
+		if u := devrun.Lookup(environ, urlEnv); u != "" {
 			vars = append(vars, [2]string{urlEnv, u})
 		}
-		if err := appendEnv(*envFile, vars); err != nil {
+		if err := devrun.AppendEnv(*envFile, vars...); err != nil {
 			return 1, err
 		}
-		return runCommand(command, environ, nil, stdout, stderr)
+		return devrun.Run(command, environ, nil, stdout, stderr)
 	}
 
 	api, err := load(*events, time.Now())
@@ -117,7 +116,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 	}()
 	fmt.Fprintf(stderr, "devstripe: dev-only stand-in for the Stripe API on %s, holding the sample purchase of %s and one lost webhook\n", base, *events)
 	env := [][2]string{{urlEnv, base}, {keyEnv, devKey}}
-	if err := appendEnv(*envFile, env); err != nil {
+	if err := devrun.AppendEnv(*envFile, env...); err != nil {
 		return 1, err
 	}
 
@@ -131,7 +130,7 @@ func run(args, environ []string, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 	}
-	return runCommand(command, environ, []string{urlEnv + "=" + base, keyEnv + "=" + devKey}, stdout, stderr)
+	return devrun.Run(command, environ, []string{urlEnv + "=" + base, keyEnv + "=" + devKey}, stdout, stderr)
 }
 
 // The sample events Stripe holds, delivered; the subscription's state is
@@ -238,63 +237,4 @@ func marshal(v any) []byte {
 		panic(err) // decoded JSON always encodes
 	}
 	return b
-}
-
-// runCommand runs command with env added to environ and returns its exit
-// code. SIGINT and SIGTERM are caught and left to the command: the process
-// group they were sent to holds it too (forwarding them would make them
-// arrive twice).
-func runCommand(command, environ, env []string, stdout, stderr io.Writer) (int, error) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		for range sigs {
-		}
-	}()
-
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Env = append(slices.Clone(environ), env...)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	err := cmd.Run()
-	if err == nil {
-		return 0, nil
-	}
-	var exitErr *exec.ExitError
-	if !errors.As(err, &exitErr) {
-		return 1, fmt.Errorf("run %s: %w", command[0], err)
-	}
-	if status, ok := exitErr.Sys().(syscall.WaitStatus); ok && status.Signaled() {
-		return 128 + int(status.Signal()), nil
-	}
-	return exitErr.ExitCode(), nil
-}
-
-// appendEnv appends name='value' lines to the env file ("": none), quoted
-// for a shell as withservers writes it.
-func appendEnv(file string, vars [][2]string) error {
-	if file == "" {
-		return nil
-	}
-	var b strings.Builder
-	for _, kv := range vars {
-		fmt.Fprintf(&b, "%s='%s'\n", kv[0], strings.ReplaceAll(kv[1], "'", `'\''`))
-	}
-	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("env file: %w", err)
-	}
-	_, err = f.WriteString(b.String())
-	return errors.Join(err, f.Close())
-}
-
-// lookup returns the value of key in environ, or "".
-func lookup(environ []string, key string) string {
-	v := ""
-	for _, kv := range environ {
-		if val, ok := strings.CutPrefix(kv, key+"="); ok {
-			v = val // the last one wins, as in exec
-		}
-	}
-	return v
 }
