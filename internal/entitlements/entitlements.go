@@ -454,6 +454,7 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch, came *Subscription
 		subject:  sub.ID,
 		at:       ev.Created,
 		creation: ev.Creation,
+		ends:     terminal(sub.Status),
 		read: func(ctx context.Context, tx pgx.Tx) (row[Subscription], bool, error) {
 			if _, err := tx.Exec(ctx, lockSQL, sub.ID); err != nil {
 				return row[Subscription]{}, false, fmt.Errorf("lock subscription %s: %w", sub.ID, err)

@@ -24,6 +24,10 @@ type facts struct {
 	// (customer.subscription.created); storedCreation a stored row such
 	// an event wrote, which every other event of its second succeeds.
 	creation, storedCreation bool
+	// ends: the event's status is terminal. Stripe never leaves a
+	// terminal status, so such an event follows every state that is not
+	// terminal: it cannot be a change missing before the stored row.
+	ends bool
 	// after returns the stored fields that differ from the event's state;
 	// before those that differ from the state before the event. before is
 	// nil, or fails, when the state before the event cannot be known.
@@ -94,7 +98,9 @@ const (
 //   - the stored status is terminal: Stale (Stripe never revives it);
 //   - strictly newer: Applied; strictly older: Stale;
 //   - same second: a creation event never succeeds another (Stale), and
-//     every other event succeeds a row one wrote (Applied); the event's
+//     every other event succeeds a row one wrote (Applied); an event
+//     that ends the subscription (a terminal status) succeeds the stored
+//     state, which is not terminal, whatever gap it has (Applied); the event's
 //     own state already stored: Unchanged (remembering the gap it
 //     reveals, if any: a second one leaves a row no event of the second
 //     succeeds); the state before it unknown: Unordered;
@@ -122,6 +128,8 @@ func order(f facts) (Verdict, []Field, gapMove) {
 		return Stale, nil, gapKeep
 	case f.creation:
 		return Stale, nil, gapKeep
+	case f.ends:
+		return Applied, nil, gapKeep
 	case f.storedCreation:
 		// Written like a newer event, its gap (if any) remembered.
 		return Applied, nil, gapKeep
@@ -224,6 +232,7 @@ type tie[S any] struct {
 	subject  string
 	at       time.Time
 	creation bool
+	ends     bool // the event's status is terminal (facts.ends)
 	// read locks and reads the stored row; false when there is none.
 	read func(ctx context.Context, tx pgx.Tx) (row[S], bool, error)
 	// after names the stored fields that differ from the event's state;
@@ -327,7 +336,7 @@ func settleOnce[S any](ctx context.Context, s *Store, t tie[S], fetched *fetched
 	res = Result{Verdict: Applied, StoredEventID: st.eventID}
 	if found {
 		f := facts{sameEvent: st.eventID == t.eventID, terminal: st.terminal,
-			storedAt: st.storedAt, at: t.at, creation: t.creation, storedCreation: st.creation,
+			storedAt: st.storedAt, at: t.at, creation: t.creation, storedCreation: st.creation, ends: t.ends,
 			after: func() []Field { return t.after(st.state) }}
 		if t.before != nil {
 			f.before = func() ([]Field, error) { return t.before(st.state) }

@@ -56,9 +56,11 @@ func TestLongIDsRefused(t *testing.T) {
 		{"subscription id just over", sub, func(ev map[string]any) { object(ev)["id"] = randomID("sub_", 256) }, "malformed", "subscription id is 256 bytes, over 255"},
 	}
 	// One database for all: each case is refused before writing anything.
-	h := newHarness(t, options{})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			// A harness each: refusals are logged sampled, the first ten
+			// of a kind a minute, and each case looks for its own line.
+			h := newHarness(t, options{})
 			before := h.metric(t, "webhook_rejections_total", "provider", "stripe", "reason", tt.reason)
 			w := h.post(t, edit(t, corpus(t, tt.file), tt.edit), time.Now())
 			assertAnswer(t, w, 400, "")
@@ -96,6 +98,7 @@ func TestLongIDsRefused(t *testing.T) {
 			object(ev)["client_reference_id"] = strings.Repeat("é", maxClientReference/2)
 		}},
 	}
+	h := newHarness(t, options{})
 	for _, a := range at {
 		assertAnswer(t, h.post(t, edit(t, corpus(t, a.file), a.edit), time.Now()), 200, "first")
 	}

@@ -269,8 +269,8 @@ func (r *report) print(out io.Writer) {
 		return
 	}
 	v := r.v
-	fmt.Fprintf(out, "model: lost %d (%d subscriptions, %d mails), regressed %d, duplicated %d, revived %d, unexpected %d, acked early %d, undelivered %d\n",
-		v.lost(), v.lostSubs, v.lostMails, v.regressed, v.duplicated, v.revived, v.unexpected, v.ackedEarly, p.undelivered.Load())
+	fmt.Fprintf(out, "model: lost %d (%d subscriptions, %d mails), regressed %d, duplicated %d, revived %d, unexpected %d, acked early %d, undelivered %d; kept out as unordered %d\n",
+		v.lost(), v.lostSubs, v.lostMails, v.regressed, v.duplicated, v.revived, v.unexpected, v.ackedEarly, p.undelivered.Load(), v.unordered)
 	for _, e := range v.examples {
 		fmt.Fprintln(out, "  "+e)
 	}
