@@ -274,7 +274,11 @@ ANALYZE webhook_events; ANALYZE changes; CHECKPOINT;`); err != nil {
 	start := time.Now()
 	go func() {
 		defer close(done)
-		trimmed[0], trimmed[1], trimErr = ledger.New(pool, 5).Trim(ctx, 720*time.Hour) // the default pace
+		l := ledger.New(pool, 5) // the default pace, unless LEDGER_RETENTION_RATE names another
+		if r, err := strconv.Atoi(os.Getenv("LEDGER_RETENTION_RATE")); err == nil {
+			l.SetTrimPace(ledger.TrimPace{Rate: r, Budget: 1_000_000})
+		}
+		trimmed[0], trimmed[1], trimErr = l.Trim(ctx, 720*time.Hour)
 	}()
 	during := measureFor(func() bool {
 		select {
