@@ -18,15 +18,17 @@ const trimBatch = 1000
 // Trim's pace by default. Unpaced, a pass over 900k expired rows of each
 // table took 16 s and wrote 725 MB of WAL: more than max_wal_size lets
 // through between checkpoints, so it forced one, and deliveries stalled
-// for 60-123 ms 15-50 s later (issue 37). At trimRate the same pass writes
-// about 2 MB of WAL a second, which the checkpoints Postgres times itself
-// absorb. trimBudget bounds a pass: a larger backlog (a retention
+// for 60-123 ms 15-50 s later (issue 37). At 5,000 rows a second a pass
+// wrote about 2 MB of WAL a second, which the checkpoints Postgres times
+// itself absorb, but on 2 cores the deliveries' writes beside it had a p99
+// 1.54 times their level before; at trimRate, 1.03 times (TestPacedTrimLatency,
+// docs/PERFORMANCE.md). trimBudget bounds a pass: a larger backlog (a retention
 // shortened, a service started on an old database) is worked off over
 // several passes, RunRetention's interval apart, rather than in one long
 // burst. At 1M rows every 10 minutes, that is about 140M rows a day,
 // 1,600 a second: far above what deliveries add.
 const (
-	trimRate   = 5000
+	trimRate   = 2500
 	trimBudget = 1_000_000
 )
 
@@ -38,7 +40,7 @@ type TrimPace struct {
 	Budget int64
 }
 
-// SetTrimPace replaces the default pace (5,000 rows a second, 1M rows a
+// SetTrimPace replaces the default pace (2,500 rows a second, 1M rows a
 // pass), for a test or a benchmark that trims faster. Call it before the
 // Ledger is shared.
 func (l *Ledger) SetTrimPace(p TrimPace) { l.pace = p }
