@@ -73,7 +73,7 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	var consumers []relay.Consumer
 	if c.appWebhook != nil {
 		consumers = append(consumers, relay.Consumer{
-			Name: relay.AppWebhookConsumer, Kinds: c.appWebhook.Kinds(), Destination: c.appWebhook,
+			Name: relay.AppWebhookConsumer, Kinds: c.appWebhook.Kinds(), Destination: c.appWebhook, Parallel: relay.AppWebhookParallel,
 		})
 	}
 	return relay.Config{

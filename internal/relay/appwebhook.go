@@ -26,6 +26,12 @@ import (
 // AppWebhookConsumer is the consumer name of the app's webhook.
 const AppWebhookConsumer = "app_webhook"
 
+// AppWebhookParallel is how many of the app's webhooks are in flight at
+// once, each of another subject. One at a time, an app 50 ms away would
+// take at most 20 changes a second, fewer than a busy service makes; and
+// the relay's goroutine, waking once per answer, spent more CPU a webhook.
+const AppWebhookParallel = 8
+
 // AppWebhookTimeout is how long the app has to answer: the Standard
 // Webhooks spec recommends 15 to 30 s, and a shorter wait frees the
 // delivery sooner for the retry schedule.

@@ -536,3 +536,75 @@ VALUES ('test', 1, 'a', 'a', 'delivered', 1, '{}', now() - interval '40 days'),
 		t.Errorf("left %v, want the dead one and the new one", left)
 	}
 }
+
+// inFlight is a Destination that takes 5 ms a delivery and notes how many
+// run at once, overall and per subject, and each subject's order.
+type inFlight struct {
+	mu               sync.Mutex
+	now, most        int
+	bySubject        map[string]int
+	mostOfOneSubject int
+	order            map[string][]int64
+}
+
+func (f *inFlight) Deliver(_ context.Context, ch ledger.Change) (string, error) {
+	f.mu.Lock()
+	f.now++
+	f.bySubject[ch.Subject]++
+	f.most = max(f.most, f.now)
+	f.mostOfOneSubject = max(f.mostOfOneSubject, f.bySubject[ch.Subject])
+	f.order[ch.Subject] = append(f.order[ch.Subject], ch.ID)
+	f.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+	f.mu.Lock()
+	f.now--
+	f.bySubject[ch.Subject]--
+	f.mu.Unlock()
+	return "ok", nil
+}
+
+// TestParallelNeverTwoOfASubject: the app's webhook runs several
+// deliveries at once, but never two of one subject, and each subject's in
+// order.
+func TestParallelNeverTwoOfASubject(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	dest := &inFlight{bySubject: map[string]int{}, order: map[string][]int64{}}
+	rel := relay.New(relay.Config{Pool: pool, Poll: 10 * time.Millisecond,
+		Consumers: []relay.Consumer{{Name: relay.AppWebhookConsumer, Kinds: []string{ledger.KindSubscription},
+			Destination: dest, Parallel: relay.AppWebhookParallel}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rel.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the consumer's row", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
+		return n == 1
+	})
+	want := map[string][]int64{}
+	for range 5 {
+		for s := range 12 {
+			subject := fmt.Sprintf("sub_%d", s)
+			want[subject] = append(want[subject], addChange(t, pool, ledger.KindSubscription, subject))
+		}
+	}
+	waitFor(t, "every delivery", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_deliveries WHERE state = 'delivered'`).Scan(&n)
+		return n == 60
+	})
+	dest.mu.Lock()
+	defer dest.mu.Unlock()
+	if dest.mostOfOneSubject != 1 {
+		t.Errorf("%d deliveries of one subject at once, want 1", dest.mostOfOneSubject)
+	}
+	if dest.most < 2 || dest.most > relay.AppWebhookParallel {
+		t.Errorf("%d deliveries at once, want 2 to %d", dest.most, relay.AppWebhookParallel)
+	}
+	for subject, ids := range want {
+		if !slices.Equal(dest.order[subject], ids) {
+			t.Errorf("%s delivered as %v, want %v", subject, dest.order[subject], ids)
+		}
+	}
+}
