@@ -111,6 +111,10 @@ func NewAppWebhook(cfg AppWebhookConfig) (*AppWebhook, error) {
 		timeout = AppWebhookTimeout
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
+	// One idle connection kept for each delivery in flight: with net/http's
+	// default of two, six of eight connections were closed after each
+	// answer and dialled again for the next.
+	transport.MaxIdleConnsPerHost = AppWebhookParallel
 	return &AppWebhook{
 		url:    u.String(),
 		signer: signer,
