@@ -10,7 +10,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The Dockerfile builds with exactly these flags.
 BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 
-.PHONY: build run deps deps-dev deps-test deps-lint test lint bench bench-scale fuzz
+.PHONY: build run deps deps-dev deps-test deps-lint test lint bench bench-app-webhook bench-scale fuzz
 
 # deps installs what dev, test and lint need beyond Go, or says how;
 # deps-dev, deps-test and deps-lint only what that one target needs.
@@ -75,6 +75,21 @@ bench:
 	printf '## Go benchmarks\n\n```\n' >> $(BENCH_OUT)
 	$(GO) run ./tools/withservers -- $(GO) test -run '^$$' -bench . -benchmem -benchtime 500ms $(BENCH_PKGS) >> $(BENCH_OUT)
 	printf '```\n' >> $(BENCH_OUT)
+
+# bench-app-webhook compares first deliveries with the app's webhook on
+# (every change sent to examples/appreceiver, which stands in for the app's
+# machine) and with the relay off, in alternating rounds, and takes the
+# relay's own cost per webhook, measured as it catches up after each run,
+# off the deliveries' (docs/PERFORMANCE.md, "The relay: the app's webhook
+# beside first deliveries"); then the relay's Go benchmark. About four
+# minutes. APP_WEBHOOK_RATE is the fixed rate of the second half.
+APP_WEBHOOK_OUT ?= docs/bench-app-webhook-latest.md
+APP_WEBHOOK_RATE ?= 1000
+bench-app-webhook:
+	$(GO) run ./tools/bench -go $(GO) -app-webhook -duration 20s -rounds 4 -rate $(APP_WEBHOOK_RATE) -out $(APP_WEBHOOK_OUT) $(BENCH_FLAGS)
+	printf '## Go benchmark: the relay alone\n\n```\n' >> $(APP_WEBHOOK_OUT)
+	$(GO) run ./tools/withservers -- $(GO) test -run '^$$' -bench RelayAppWebhook -benchmem -benchtime 20000x ./internal/relay >> $(APP_WEBHOOK_OUT)
+	printf '```\n' >> $(APP_WEBHOOK_OUT)
 
 # bench-scale grows the tables to SCALE subscriptions (with their sessions,
 # ledger rows and changes; default a million) and measures deliveries, the

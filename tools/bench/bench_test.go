@@ -90,6 +90,41 @@ func TestRenderComparison(t *testing.T) {
 	}
 }
 
+// With the app's webhook on, the relay's cost per webhook, measured as it
+// caught up, is taken off the on build once per webhook its runs caused.
+func TestRenderAppWebhook(t *testing.T) {
+	t.Parallel()
+	c := &comparison{o: options{rounds: 1, duration: time.Second, rate: 1000, appWebhook: true, against: "."}}
+	run := func(all, load float64, relayed relayRun) result {
+		return result{requests: 1000, elapsed: time.Second, lat: []time.Duration{time.Millisecond},
+			statuses: map[int]int{200: 1000}, c: counters{allCPU: all, loadCPU: load, targetCPU: all / 2}, relay: relayed}
+	}
+	// 200 of the 1,000 webhooks sent as the relay caught up, for 50 µs of
+	// process CPU and 100 µs of all a webhook.
+	caughtUp := relayRun{sent: 1000, caughtUp: 200, catchUp: counters{targetCPU: 10e6, allCPU: 20e6}}
+	for mode := range 2 {
+		c.rounds[mode] = [][2]result{{run(230e6, 30e6, caughtUp), run(130e6, 30e6, relayRun{})}}
+	}
+	var b strings.Builder
+	c.render(&b)
+	for _, want := range []string{
+		"| app webhook on | 1,000 | 1.00 | 1.00 | 115 | 200 | 230 |",
+		"| relay off | 1,000 | 1.00 | 1.00 | 65 | 100 | 130 |",
+		"| change | +0 % |  |  | +77 % | +100 % | +77 % |  |  |  |",
+		"| app webhook on, less the relay's work |  |  |  | 65 | 100 | 130 |  |  |  |",
+		"| change, less the relay's work |  |  |  | +0 % | +0 % | +0 % |  |  |  |",
+		"(200 of the 1000 webhooks the runs caused): 50 µs of process CPU and 100 µs of all our CPU a webhook",
+		"round by round, their delivery CPU against the relay off: median +0 %, from +0 % to +0 %.",
+	} {
+		if strings.Count(b.String(), want) != 2 {
+			t.Errorf("comparison lacks %q in both modes:\n%s", want, b.String())
+		}
+	}
+	if want := "Written by `go run ./tools/bench -app-webhook`"; !strings.Contains(b.String(), want) {
+		t.Errorf("comparison does not say %q:\n%s", want, b.String())
+	}
+}
+
 // The service counts a delivery just after answering it: the harness reads
 // its metrics until the count stops moving, so that the last answers of one
 // run are not counted in the next.

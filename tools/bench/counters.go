@@ -140,8 +140,10 @@ func procStat(pid int) (ppid int, own, reaped time.Duration, err error) {
 // ourCPU is the CPU time of this process and every process below it, the
 // exited ones included (their time is in their parents' once reaped):
 // the load generator, the service, the ceilings, Postgres with its
-// backends, Redis and pgbench, and the kernel's work on their behalf.
-func ourCPU() (time.Duration, error) {
+// backends, Redis and pgbench, and the kernel's work on their behalf;
+// but not process not and what runs below it (the app's receiver, which
+// stands in for another machine; 0: none).
+func ourCPU(not int) (time.Duration, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, err
@@ -162,6 +164,9 @@ func ourCPU() (time.Duration, error) {
 	}
 	var sum time.Duration
 	for queue := []int{os.Getpid()}; len(queue) > 0; queue = queue[1:] {
+		if queue[0] == not {
+			continue
+		}
 		sum += cpu[queue[0]]
 		queue = append(queue, children[queue[0]]...)
 	}

@@ -129,6 +129,15 @@ type result struct {
 	firstErr error
 	lat      []time.Duration // sorted by sort
 	c        counters
+	relay    relayRun // with -app-webhook, on the service that sends it
+}
+
+// relayRun is what the relay did for a run: the webhooks it sent for the
+// run's requests, how many of them after the load, and what that catch-up
+// cost (counters over the catch-up alone).
+type relayRun struct {
+	sent, caughtUp int
+	catchUp        counters
 }
 
 func (r *result) record(status int, err error, lat time.Duration) {
@@ -157,6 +166,14 @@ func (r *result) add(q result) {
 	r.lat = append(r.lat, q.lat...)
 	for k, v := range q.c {
 		r.c[k] += v
+	}
+	if r.relay.catchUp == nil {
+		r.relay.catchUp = counters{}
+	}
+	r.relay.sent += q.relay.sent
+	r.relay.caughtUp += q.relay.caughtUp
+	for k, v := range q.relay.catchUp {
+		r.relay.catchUp[k] += v
 	}
 }
 

@@ -39,6 +39,7 @@ type options struct {
 	against           string
 	durable           bool
 	scale             int
+	appWebhook        bool
 }
 
 // postgres says how the harness's Postgres is set up, for the reports.
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.durable, "durable", false, "run Postgres with its own durability (fsync, synchronous_commit and full_page_writes on)\nas production does, instead of dbtest's fast settings")
 	fs.IntVar(&o.scale, "scale", 0, "instead, grow the tables to 0, N/10 and N subscriptions and measure each size:\ndeliveries, access lookups, feed pages, retention of 0.9 N expired rows, disk per row (make bench-scale)")
 	fs.StringVar(&o.against, "against", "", "instead, compare first deliveries with the build of the module in this directory\n(a git worktree of the commit before a change), in alternating rounds")
+	fs.BoolVar(&o.appWebhook, "app-webhook", false, "with -against (default: this module), the compared build sends the app's webhook for every change\nto examples/appreceiver, started at nice 19 as a stand-in for the app's own machine")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -74,6 +76,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.rounds < 1 || o.duration/time.Duration(o.rounds) < time.Second {
 		return fmt.Errorf("-rounds %d: each round's slice of -duration %s must be at least 1s (pgbench counts whole seconds)", o.rounds, o.duration)
+	}
+	if o.appWebhook && o.against == "" {
+		o.against = "."
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

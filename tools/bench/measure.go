@@ -32,6 +32,11 @@ type workload struct {
 	feed    *feed
 	status  int
 	outcome string // counted by the service; "" for a ceiling
+	// relay, when set, is the target's relay: a run waits for it to have
+	// sent every change before it starts and after its load, so that the
+	// run's CPU holds all the webhooks its requests caused and none of an
+	// earlier run's.
+	relay *relayProbe
 }
 
 // report is everything one run measured.
@@ -96,11 +101,11 @@ func (h *harness) measure(ctx context.Context) (*report, error) {
 		n := int(secs*float64(perSecond)) + h.o.concurrency
 		ceil := repeated(events.event("ceiling", 0), stripeSecret)
 		runs := [loads]workload{
-			firsts:        {svc, &feed{reqs: events.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n)}, 200, "processed"},
-			duplicates:    {svc, repeated(dupBody, stripeSecret), 200, "duplicate"},
-			rejections:    {svc, repeated(events.event("bad", 0), wrongSecret), 400, "rejected"},
-			chiCeiling:    {chi, ceil, 200, ""},
-			intakeCeiling: {intake, ceil, 200, ""},
+			firsts:        {svc, &feed{reqs: events.firstDeliveries(stripeSecret, "f"+strconv.Itoa(i), n)}, 200, "processed", nil},
+			duplicates:    {svc, repeated(dupBody, stripeSecret), 200, "duplicate", nil},
+			rejections:    {svc, repeated(events.event("bad", 0), wrongSecret), 400, "rejected", nil},
+			chiCeiling:    {chi, ceil, 200, "", nil},
+			intakeCeiling: {intake, ceil, 200, "", nil},
 		}
 		for range h.o.rounds {
 			d := h.o.duration / time.Duration(h.o.rounds)
@@ -153,7 +158,7 @@ func (h *harness) snapshot(ctx context.Context, t target) (counters, error) {
 	if err != nil {
 		return nil, err
 	}
-	all, err := ourCPU()
+	all, err := ourCPU(h.app)
 	c[targetCPU], c[allCPU], c[loadCPU] = float64(own), float64(all), float64(load)
 	return c, err
 }
@@ -179,11 +184,26 @@ func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool
 		return saturate(ctx, w.target.addr, w.feed, h.o.concurrency, d)
 	}
 	load(h.o.warmup)
+	var sent int // by the relay before the run
+	if w.relay != nil {
+		if err := w.relay.wait(ctx); err != nil {
+			return result{}, err
+		}
+		var err error
+		if sent, err = w.relay.delivered(ctx); err != nil {
+			return result{}, err
+		}
+	}
 	before, err := h.snapshot(ctx, w.target)
 	if err != nil {
 		return result{}, err
 	}
 	res := load(d)
+	if w.relay != nil {
+		if res.relay, err = h.catchUp(ctx, w, sent); err != nil {
+			return result{}, err
+		}
+	}
 	after, err := h.snapshot(ctx, w.target) // fails too once ctx is done
 	if err != nil {
 		return result{}, err
@@ -204,6 +224,33 @@ func (h *harness) runPhase(ctx context.Context, w workload, kind int, fixed bool
 		return result{}, fmt.Errorf("%s: of %d requests the service counted %.0f deliveries, %.0f %s", label(kind), res.requests, delivered(res.c), counted, w.outcome)
 	}
 	return res, nil
+}
+
+// catchUp waits, after a run's load, for the relay to send what the run's
+// requests caused, and measures that wait alone: what the relay still had
+// to send and what it cost with nothing else running (but the wait's own
+// polls, a query every 20 ms).
+func (h *harness) catchUp(ctx context.Context, w workload, sentBefore int) (relayRun, error) {
+	sentDuring, err := w.relay.delivered(ctx)
+	if err != nil {
+		return relayRun{}, err
+	}
+	start, err := h.snapshot(ctx, w.target)
+	if err != nil {
+		return relayRun{}, err
+	}
+	if err := w.relay.wait(ctx); err != nil {
+		return relayRun{}, err
+	}
+	end, err := h.snapshot(ctx, w.target)
+	if err != nil {
+		return relayRun{}, err
+	}
+	sent, err := w.relay.delivered(ctx)
+	if err != nil {
+		return relayRun{}, err
+	}
+	return relayRun{sent: sent - sentBefore, caughtUp: sent - sentDuring, catchUp: delta(start, end)}, nil
 }
 
 // repeated is a feed of one request, body signed now with secret, sent

@@ -101,12 +101,12 @@ func (h *harness) pgbench(ctx context.Context, sql string, d time.Duration, sum 
 	for n, v := range upsertValues() {
 		args = append(args, "-D", "p"+strconv.Itoa(n)+"="+v)
 	}
-	before, err1 := ourCPU()
+	before, err1 := ourCPU(0)
 	out, err := exec.CommandContext(ctx, "pgbench", args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
-	after, err2 := ourCPU()
+	after, err2 := ourCPU(0)
 	if err := errors.Join(err1, err2); err != nil {
 		return err
 	}

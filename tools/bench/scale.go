@@ -123,7 +123,7 @@ func (h *harness) scale(ctx context.Context) (*scaleReport, error) {
 				rate = h.o.rate
 			}
 			n := int((h.o.duration+h.o.warmup).Seconds()*float64(rate)) + h.o.concurrency
-			w := workload{svc, &feed{reqs: events.firstDeliveries(stripeSecret, "s"+strconv.Itoa(round), n)}, 200, "processed"}
+			w := workload{svc, &feed{reqs: events.firstDeliveries(stripeSecret, "s"+strconv.Itoa(round), n)}, 200, "processed", nil}
 			res, err := h.runPhase(ctx, w, firsts, fixed, h.o.duration)
 			if err != nil {
 				return nil, err

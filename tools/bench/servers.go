@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +50,7 @@ type harness struct {
 	pg       *dbtest.PostgresServer
 	admin    *pgx.Conn // to the postgres database
 	benchURL string    // of benchDB
+	app      int       // the pid of -app-webhook's receiver, whose CPU is not ours
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -167,7 +170,7 @@ type target struct {
 // operators run it, writing to database db, with LOG_LEVEL=warn:
 // deliveries that succeed or are duplicates then log nothing, rejected
 // ones still log their warning line.
-func (h *harness) startService(ctx context.Context, dir, db string) (target, error) {
+func (h *harness) startService(ctx context.Context, dir, db string, extraEnv ...string) (target, error) {
 	bin := filepath.Join(h.work, "munchable-webhooks-"+db)
 	// `make build`, the build the Dockerfile repeats, static and stripped:
 	// a plain go build links libc for cgo and maps 1.5 MiB more at idle,
@@ -188,6 +191,7 @@ func (h *harness) startService(ctx context.Context, dir, db string) (target, err
 	if h.o.serviceEnv != "" {
 		env = append(env, strings.Split(h.o.serviceEnv, ",")...)
 	}
+	env = append(env, extraEnv...)
 	t, err := h.start("service-"+db, "/readyz", func(addr string) *exec.Cmd {
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(env, "LISTEN_ADDR="+addr)
@@ -247,4 +251,31 @@ func (h *harness) start(name, readyPath string, command func(addr string) *exec.
 	// The log goes with the temporary directory: show its end now.
 	log, _ := os.ReadFile(logPath)
 	return target{}, fmt.Errorf("%s not ready after 60s:\n%s", name, log[max(0, len(log)-3000):])
+}
+
+// startReceiver builds and starts examples/appreceiver as the app's
+// webhook endpoint and returns the service environment that points at it.
+// It runs at nice 19: the app's server is not on the service's machine, so
+// it should take only the CPU the service, Postgres and Redis leave.
+func (h *harness) startReceiver(ctx context.Context) ([]string, error) {
+	bin := filepath.Join(h.work, "appreceiver")
+	build := exec.CommandContext(ctx, h.o.goBin, "build", "-o", bin, "./examples/appreceiver")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build examples/appreceiver: %w\n%s", err, out)
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	secret := "whsec_" + base64.StdEncoding.EncodeToString(key)
+	t, err := h.start("appreceiver", "/access", func(addr string) *exec.Cmd {
+		cmd := exec.Command("nice", "-n", "19", bin, "-addr", addr)
+		cmd.Env = []string{"APP_WEBHOOK_SECRET=" + secret}
+		return cmd
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.app = t.pid
+	return []string{"APP_WEBHOOK_URL=http://" + t.addr + "/hooks", "APP_WEBHOOK_SECRET=" + secret, "APP_WEBHOOK_ALLOW_HTTP=true"}, nil
 }
