@@ -73,20 +73,26 @@ func TestRenderComparison(t *testing.T) {
 			{run(1000, 330e6, 30e6), run(1000, 230e6, 30e6)},
 		}
 	}
-	var b strings.Builder
-	c.render(&b)
-	for _, want := range []string{
+	renderedInBothModes(t, c, "Postgres durable (fsync, synchronous_commit and full_page_writes on)",
 		"| this build | 1,000 | 1.00 | 1.00 | 103 | 177 | 207 | 0.00 | 0.00 | 0.00 |",
 		"| ../pre | 1,000 | 1.00 | 1.00 | 82 | 133 | 163 | 0.00 | 0.00 | 0.00 |",
 		"| change | +0 % |  |  | +27 % | +32 % | +27 % |  |  |  |",
-		"Delivery CPU, this build's change round by round: median +20 %, from +10 % to +50 %.",
-	} {
+		"Delivery CPU, this build's change round by round: median +20 %, from +10 % to +50 %.")
+}
+
+// renderedInBothModes checks that c's report says once, and each of
+// rows at saturation and at the fixed rate.
+func renderedInBothModes(t *testing.T, c *comparison, once string, rows ...string) {
+	t.Helper()
+	var b strings.Builder
+	c.render(&b)
+	for _, want := range rows {
 		if strings.Count(b.String(), want) != 2 {
 			t.Errorf("comparison lacks %q in both modes:\n%s", want, b.String())
 		}
 	}
-	if want := "Postgres durable (fsync, synchronous_commit and full_page_writes on)"; !strings.Contains(b.String(), want) {
-		t.Errorf("comparison does not say %q:\n%s", want, b.String())
+	if !strings.Contains(b.String(), once) {
+		t.Errorf("comparison does not say %q:\n%s", once, b.String())
 	}
 }
 
@@ -105,24 +111,14 @@ func TestRenderAppWebhook(t *testing.T) {
 	for mode := range 2 {
 		c.rounds[mode] = [][2]result{{run(230e6, 30e6, caughtUp), run(130e6, 30e6, relayRun{})}}
 	}
-	var b strings.Builder
-	c.render(&b)
-	for _, want := range []string{
+	renderedInBothModes(t, c, "Written by `go run ./tools/bench -app-webhook`",
 		"| app webhook on | 1,000 | 1.00 | 1.00 | 115 | 200 | 230 |",
 		"| relay off | 1,000 | 1.00 | 1.00 | 65 | 100 | 130 |",
 		"| change | +0 % |  |  | +77 % | +100 % | +77 % |  |  |  |",
 		"| app webhook on, less the relay's work |  |  |  | 65 | 100 | 130 |  |  |  |",
 		"| change, less the relay's work |  |  |  | +0 % | +0 % | +0 % |  |  |  |",
 		"(200 of the 1000 webhooks the runs caused): 50 µs of process CPU and 100 µs of all our CPU a webhook",
-		"round by round, their delivery CPU against the relay off: median +0 %, from +0 % to +0 %.",
-	} {
-		if strings.Count(b.String(), want) != 2 {
-			t.Errorf("comparison lacks %q in both modes:\n%s", want, b.String())
-		}
-	}
-	if want := "Written by `go run ./tools/bench -app-webhook`"; !strings.Contains(b.String(), want) {
-		t.Errorf("comparison does not say %q:\n%s", want, b.String())
-	}
+		"round by round, their delivery CPU against the relay off: median +0 %, from +0 % to +0 %.")
 }
 
 // The service counts a delivery just after answering it: the harness reads
