@@ -1,0 +1,262 @@
+package migrations_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/migrations"
+)
+
+// pendingReleases returns a database migrated up to 00013, with 00014 (an
+// ALTER TABLE on webhook_events, which every delivery writes) pending, as
+// a database of the previous release is.
+func pendingReleases(t *testing.T) string {
+	t.Helper()
+	dbURL := dbtest.NewDatabase(t)
+	conn := connect(t, dbURL, "")
+	// 00014's Down section, and goose's record of it.
+	for _, stmt := range []string{
+		`ALTER TABLE webhook_events DROP COLUMN received_by`,
+		`DROP TABLE schema_contracts`,
+		`DELETE FROM goose_db_version WHERE version_id = 14`,
+	} {
+		if _, err := conn.Exec(t.Context(), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	return dbURL
+}
+
+func connect(t *testing.T, dbURL, application string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if application != "" {
+		cfg.RuntimeParams["application_name"] = application
+	}
+	conn, err := pgx.ConnectConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+func openDB(t *testing.T, dbURL string) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// holdReader opens a transaction that has read webhook_events and stays
+// open, as a report or pg_dump does: it holds an ACCESS SHARE lock, which
+// an ALTER TABLE must wait for. It returns the session's pid and a func
+// that ends the transaction.
+func holdReader(t *testing.T, dbURL string) (pid uint32, end func()) {
+	t.Helper()
+	conn := connect(t, dbURL, "nightly-report")
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM webhook_events`); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return conn.PgConn().PID(), func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+}
+
+// writeLoop inserts a ledger row every 20 ms, as deliveries do, until stop,
+// which returns the slowest insert.
+func writeLoop(t *testing.T, dbURL string) (stop func() time.Duration) {
+	t.Helper()
+	conn := connect(t, dbURL, "delivery")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan time.Duration)
+	go func() {
+		var slowest time.Duration
+		for i := 0; ctx.Err() == nil; i++ {
+			start := time.Now()
+			_, err := conn.Exec(ctx, `INSERT INTO webhook_events (provider, event_id, outcome, attempts, first_seen_at)
+				VALUES ('stripe', $1, 'applied', 1, now())`, fmt.Sprintf("evt_%d", i))
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("insert: %v", err)
+			}
+			slowest = max(slowest, time.Since(start))
+			time.Sleep(20 * time.Millisecond)
+		}
+		done <- slowest
+	}()
+	return func() time.Duration { cancel(); return <-done }
+}
+
+func TestMigrationBehindHeldLockGivesUpNamingTheSession(t *testing.T) {
+	t.Parallel()
+	dbURL := pendingReleases(t)
+	readerPID, endReader := holdReader(t, dbURL)
+	defer endReader()
+	stopWrites := writeLoop(t, dbURL)
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 3, Backoff: 200 * time.Millisecond, MaxBackoff: time.Second}
+	// Without the lock timeout the migration would wait for the reader,
+	// which never ends: the context bounds the test, not the runner.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := migrations.ApplyWith(ctx, openDB(t, dbURL), logger, opts)
+	took := time.Since(start)
+	slowest := stopWrites()
+
+	if err == nil {
+		t.Fatal("ApplyWith succeeded with webhook_events held by another transaction")
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Errorf("err = %v, want one wrapping SQLSTATE 55P03 (lock_not_available)", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"00014_releases.sql", "waited 3 times", "webhook_events",
+		fmt.Sprintf("pid %d", readerPID), `application_name "nightly-report"`,
+		`state "idle in transaction"`, "transaction open", "SELECT count(*) FROM webhook_events",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not say %q:\n%s", want, msg)
+		}
+	}
+	if got := strings.Count(logs.String(), "trying again"); got != 2 {
+		t.Errorf("%d retry warnings logged, want 2 (3 attempts):\n%s", got, logs.String())
+	}
+	// Three waits of 300 ms and pauses of 200 and 400 ms.
+	if took < 1500*time.Millisecond {
+		t.Errorf("ApplyWith gave up after %s, before three attempts could wait their lock timeout", took)
+	}
+	// A write queued behind the waiting ALTER TABLE waits at most the lock
+	// timeout, plus a machine's scheduling noise.
+	if slowest > opts.LockTimeout+700*time.Millisecond {
+		t.Errorf("slowest write during the migration took %s, want at most about the lock timeout %s", slowest, opts.LockTimeout)
+	}
+	t.Logf("gave up after %s; slowest write meanwhile %s", took, slowest)
+
+	// The session the runner used gave its connection back as it found it.
+	var version int64
+	if err := openDB(t, dbURL).QueryRow(`SELECT max(version_id) FROM goose_db_version`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version != 13 {
+		t.Errorf("schema version %d after the failed migration, want 13", version)
+	}
+}
+
+func TestMigrationRetriesUntilTheLockIsFree(t *testing.T) {
+	t.Parallel()
+	dbURL := pendingReleases(t)
+	_, endReader := holdReader(t, dbURL)
+	time.AfterFunc(time.Second, endReader)
+	stopWrites := writeLoop(t, dbURL)
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 10, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), logger, opts)
+	slowest := stopWrites()
+	if err != nil {
+		t.Fatalf("ApplyWith: %v", err)
+	}
+	if want := []string{"00014_releases.sql"}; len(applied) != 1 || applied[0] != want[0] {
+		t.Errorf("applied %v, want %v", applied, want)
+	}
+	if !strings.Contains(logs.String(), `"blocked_by":"blocked on webhook_events by pid`) {
+		t.Errorf("no retry warning naming the blocking session:\n%s", logs.String())
+	}
+	if slowest > opts.LockTimeout+700*time.Millisecond {
+		t.Errorf("slowest write during the migration took %s, want at most about the lock timeout %s", slowest, opts.LockTimeout)
+	}
+	if err := migrations.Verify(t.Context(), openDB(t, dbURL)); err != nil {
+		t.Errorf("Verify after the migration: %v", err)
+	}
+}
+
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	want := migrations.Version()
+	if want < 14 {
+		t.Fatalf("Version() = %d, want the highest migration, 14 or more", want)
+	}
+	tests := []struct {
+		name    string
+		setup   []string
+		wantErr []string // substrings; none: Verify passes
+	}{
+		{name: "migrated"},
+		{
+			name:    "older schema",
+			setup:   []string{`DELETE FROM goose_db_version WHERE version_id = (SELECT max(version_id) FROM goose_db_version)`},
+			wantErr: []string{fmt.Sprintf("schema is version %d, this build needs %d", want-1, want), "munchable-webhooks migrate"},
+		},
+		{
+			name:    "contracted past this build",
+			setup:   []string{fmt.Sprintf(`INSERT INTO schema_contracts VALUES (%d, %d, 'column x')`, want+2, want+1)},
+			wantErr: []string{"removed column x", fmt.Sprintf("this build expects %d", want), fmt.Sprintf("expecting %d or later", want+1)},
+		},
+		{
+			name:  "contracted, this build new enough",
+			setup: []string{fmt.Sprintf(`INSERT INTO schema_contracts VALUES (%d, %d, 'column x')`, want+2, want)},
+		},
+		{
+			name:    "never migrated",
+			setup:   []string{`DROP TABLE goose_db_version`, `DROP TABLE schema_contracts`},
+			wantErr: []string{fmt.Sprintf("schema is version 0, this build needs %d", want)},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			db := openDB(t, dbtest.NewDatabase(t))
+			for _, stmt := range tt.setup {
+				if _, err := db.Exec(stmt); err != nil {
+					t.Fatalf("%s: %v", stmt, err)
+				}
+			}
+			err := migrations.Verify(t.Context(), db)
+			if len(tt.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Verify: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, migrations.ErrSchema) {
+				t.Fatalf("Verify = %v, want ErrSchema", err)
+			}
+			for _, s := range tt.wantErr {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error does not say %q: %v", s, err)
+				}
+			}
+		})
+	}
+}
