@@ -49,7 +49,9 @@ test: deps-test build
 # lint also checks the alerting rules and runs their unit tests, checks the
 # GitHub Actions workflows with actionlint (pinned as a tool in a module file
 # of its own, tools/lint/actionlint.mod, as its YAML library clashes with
-# compose-go's in go.mod; it runs shellcheck on their run steps), and checks every shell
+# compose-go's in go.mod; it runs shellcheck on their run steps), lints every
+# migration with squawk (scripts/lint-migrations; the rules it breaks on
+# purpose are listed, with why, in migrations/squawk.toml), and checks every shell
 # script git tracks with shellcheck. A script is found by its first line, a
 # sh or bash shebang, so a new one is checked without being listed here.
 SHELL_SCRIPTS = $(shell git ls-files -z | xargs -0 awk 'FNR == 1 { if (/^\#!.*[\/ ](ba|da)?sh( |$$)/) print FILENAME; nextfile }')
@@ -60,6 +62,7 @@ lint: deps-lint
 	$(GO) tool -modfile=tools/lint/actionlint.mod actionlint
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts_test.yaml
+	scripts/lint-migrations
 	shellcheck $(SHELL_SCRIPTS)
 
 # bench runs the load harness (tools/bench) against throwaway Postgres and

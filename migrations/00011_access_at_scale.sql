@@ -1,3 +1,4 @@
+-- +goose NO TRANSACTION
 -- +goose Up
 -- customer_access at a million subscriptions (issue 37). The view found a
 -- subscription's client_reference_id with a correlated subquery over
@@ -18,7 +19,17 @@
 -- alternative, a copy of client_reference_id on entitlements kept by the
 -- writers, would cost every delivery a write and leave a race to get
 -- right (a subscription and its session arriving together).
-CREATE INDEX checkout_sessions_subscription ON checkout_sessions (stripe_subscription_id);
+--
+-- The index is built CONCURRENTLY, outside a transaction, so that checkout
+-- writes go on during the build (seconds at a million rows). It was first
+-- released as a plain CREATE INDEX in a transaction: a database that
+-- applied that has the same index and view, and goose never runs a
+-- recorded version again. Each statement can run twice: a try that stops
+-- half way may leave an invalid index, which the next try drops and builds
+-- anew (IF NOT EXISTS would keep it), and the view is replaced whole.
+DROP INDEX CONCURRENTLY IF EXISTS checkout_sessions_subscription;
+-- squawk-ignore prefer-robust-stmts
+CREATE INDEX CONCURRENTLY checkout_sessions_subscription ON checkout_sessions (stripe_subscription_id);
 
 CREATE OR REPLACE VIEW customer_access AS
 SELECT
@@ -70,4 +81,4 @@ SELECT
     coalesce((SELECT f.lookup_keys FROM customer_features f
               WHERE f.stripe_customer_id = e.stripe_customer_id), '{}') AS features
 FROM entitlements e;
-DROP INDEX checkout_sessions_subscription;
+DROP INDEX CONCURRENTLY IF EXISTS checkout_sessions_subscription;
