@@ -30,6 +30,9 @@ type config struct {
 	// MigrateDatabaseURL, when set, is where migrations run: a direct
 	// connection, when DATABASE_URL goes through a transaction pooler.
 	MigrateDatabaseURL secret `env:"MIGRATE_DATABASE_URL"`
+	// MigrateOnStart false leaves migrations to `migrate` (a Job before
+	// the rollout): serve then only checks that it can run on the schema.
+	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
 	ClaimConfig
 	RelayConfig
 

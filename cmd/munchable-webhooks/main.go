@@ -11,16 +11,23 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/migrations"
 )
 
-// version is set at build time: -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time: -ldflags "-X main.version=...". commit
+// too where the build has no git checkout to read it from (the image's
+// build context leaves .git out): -ldflags "-X main.commit=...".
+var (
+	version = "dev"
+	commit  = ""
+)
 
 func main() {
 	// go-redis's lines are warnings: a pool or dial problem it works around.
@@ -48,7 +55,7 @@ const usage = `usage: munchable-webhooks [COMMAND] [-h]
 commands:
   serve        apply pending migrations, then serve HTTP until SIGTERM/SIGINT (default)
   migrate      apply pending migrations and exit
-  version      print the build version (also: --version)
+  version      print the version, the commit and the schema version it expects (also: --version)
   send         sign a sample event and post it to the service
   claims       show, release, mark done or list stuck claims in Redis
   healthcheck  exit 0 when the service on LISTEN_ADDR answers /healthz
@@ -73,7 +80,12 @@ Applies pending migrations to DATABASE_URL and exits.`
 
 	versionUsage = `usage: munchable-webhooks version
 
-Prints the build version.`
+Prints the build's version, its commit and the schema version it expects
+(its highest migration), one per line:
+
+  version: v0.5.0
+  commit: 0123abc...
+  schema: 14`
 
 	healthcheckUsage = `usage: munchable-webhooks healthcheck
 
@@ -103,8 +115,7 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		fmt.Fprintln(stdout, usage)
 		return flag.ErrHelp
 	case "--version", "-version":
-		fmt.Fprintln(stdout, version)
-		return nil
+		return printVersion(stdout)
 	case "send":
 		return send(ctx, rest, environ, stdout, stderr)
 	case "claims":
@@ -125,7 +136,7 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}{
 		"serve":       {serveUsage, func() error { return serve(ctx, environ, stdout) }},
 		"migrate":     {migrateUsage, func() error { return migrate(ctx, environ, stdout) }},
-		"version":     {versionUsage, func() error { _, err := fmt.Fprintln(stdout, version); return err }},
+		"version":     {versionUsage, func() error { return printVersion(stdout) }},
 		"healthcheck": {healthcheckUsage, func() error { return healthcheck(ctx, environ, stdout) }},
 	}
 	c, ok := commands[name]
@@ -138,6 +149,40 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return err
 	}
 	return c.do()
+}
+
+// printVersion prints what an operator compares across releases: which
+// build this is, and which schema it runs on (docs/OPERATIONS.md,
+// "Upgrades and rollbacks").
+func printVersion(w io.Writer) error {
+	_, err := fmt.Fprintf(w, "version: %s\ncommit: %s\nschema: %d\n", version, buildCommit(), migrations.Version())
+	return err
+}
+
+// buildCommit is the commit set at build time, else the one go build
+// stamped from the git checkout it ran in ("-dirty" when the tree had
+// changes), else "unknown".
+func buildCommit() string {
+	if commit != "" {
+		return commit
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "unknown", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && rev != "unknown" {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 // errUsage marks a wrong command line: main exits 2 on it, as flag-based

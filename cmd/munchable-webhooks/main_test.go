@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/migrations"
 )
 
 // TestMain lets a test run this test binary as the program itself, to see
@@ -175,8 +177,9 @@ func TestVersion(t *testing.T) {
 		if err := run(t.Context(), append([]string{"munchable-webhooks"}, args...), nil, &stdout, &stdout); err != nil {
 			t.Fatal(err)
 		}
-		if got := stdout.String(); got != version+"\n" {
-			t.Errorf("%q printed %q, want %q", args, got, version+"\n")
+		want := fmt.Sprintf("version: %s\ncommit: %s\nschema: %d\n", version, buildCommit(), migrations.Version())
+		if got := stdout.String(); got != want {
+			t.Errorf("%q printed %q, want %q", args, got, want)
 		}
 	}
 }

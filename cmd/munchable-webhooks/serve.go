@@ -57,7 +57,13 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger); err != nil {
+	if cfg.MigrateOnStart {
+		err = migrateUp(ctx, migrationTarget(cfg.DatabaseURL, cfg.MigrateDatabaseURL), logger)
+	}
+	if err == nil {
+		err = verifySchema(ctx, pool)
+	}
+	if err != nil {
 		pool.Close()
 		return err
 	}
@@ -397,6 +403,7 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	// match what the service builds for a subscription (docs/APP.md).
 	// PgBouncer passes TimeZone on.
 	pcfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	nameSessions(pcfg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -408,6 +415,16 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 		return nil, fmt.Errorf("postgres ping: %w", err)
 	}
 	return pool, nil
+}
+
+// nameSessions sets the sessions' application_name, unless the URL sets
+// one, to "munchable-webhooks <version>": pg_stat_activity (and a
+// migration's message about who blocks it) then says which release holds
+// a session, and the ledger's received_by which release recorded an event.
+func nameSessions(pcfg *pgxpool.Config) {
+	if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "munchable-webhooks " + version
+	}
 }
 
 // migrationURL is where migrations run: MIGRATE_DATABASE_URL when set,
@@ -433,6 +450,7 @@ func migrateUp(ctx context.Context, target migrationURL, logger *slog.Logger) er
 		return fmt.Errorf("%s is invalid: %s", target.name, wantDatabaseURL) // pgx's error would echo the URL
 	}
 	pcfg.MaxConns = 2
+	nameSessions(pcfg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("postgres (%s): %w", target.name, err)
@@ -448,6 +466,20 @@ func migrateUp(ctx context.Context, target migrationURL, logger *slog.Logger) er
 		return err
 	}
 	logger.Info("migrations applied", "count", len(applied), "applied", applied, "over", target.name)
+	return nil
+}
+
+// verifySchema refuses a schema this build cannot run on: older than its
+// migrations (MIGRATE_ON_START=false, and migrate not run yet), or one a
+// later release's contract step removed something from that this build
+// uses (a rollback too far back). Checked after migrating too, for the
+// second case.
+func verifySchema(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close() // the pool stays open
+	if err := migrations.Verify(ctx, db); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	return nil
 }
 
