@@ -20,24 +20,27 @@ import (
 	"github.com/munchable/munchable-webhooks/migrations"
 )
 
+// databaseAt returns a database migrated up to version only, as a
+// database of an earlier release is: dbtest's fresh database, emptied.
+func databaseAt(t *testing.T, version int64) string {
+	t.Helper()
+	dbURL := dbtest.NewDatabase(t)
+	conn := connect(t, dbURL, "")
+	if _, err := conn.Exec(t.Context(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.ApplyUpTo(t.Context(), openDB(t, dbURL), version); err != nil {
+		t.Fatal(err)
+	}
+	return dbURL
+}
+
 // pendingReleases returns a database migrated up to 00013, with 00014 (an
 // ALTER TABLE on webhook_events, which every delivery writes) pending, as
 // a database of the previous release is.
 func pendingReleases(t *testing.T) string {
 	t.Helper()
-	dbURL := dbtest.NewDatabase(t)
-	conn := connect(t, dbURL, "")
-	// 00014's Down section, and goose's record of it.
-	for _, stmt := range []string{
-		`ALTER TABLE webhook_events DROP COLUMN received_by`,
-		`DROP TABLE schema_contracts`,
-		`DELETE FROM goose_db_version WHERE version_id = 14`,
-	} {
-		if _, err := conn.Exec(t.Context(), stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
-	return dbURL
+	return databaseAt(t, 13)
 }
 
 func connect(t *testing.T, dbURL, application string) *pgx.Conn {
@@ -160,7 +163,6 @@ func TestMigrationBehindHeldLockGivesUpNamingTheSession(t *testing.T) {
 	}
 	t.Logf("gave up after %s; slowest write meanwhile %s", took, slowest)
 
-	// The session the runner used gave its connection back as it found it.
 	var version int64
 	if err := openDB(t, dbURL).QueryRow(`SELECT max(version_id) FROM goose_db_version`).Scan(&version); err != nil {
 		t.Fatal(err)
@@ -258,5 +260,48 @@ func TestVerify(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An index built CONCURRENTLY waits for every transaction older than it,
+// and that wait is a lock wait: lock_timeout ends it, the build leaves an
+// invalid index, and the next try drops it and builds it again, until the
+// old transaction is gone. Deliveries write on meanwhile.
+func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
+	t.Parallel()
+	dbURL := databaseAt(t, 10) // 00011 builds checkout_sessions_subscription
+	// pg_dump's kind of transaction: one snapshot for its whole life,
+	// which is what a CONCURRENTLY build waits for (a READ COMMITTED
+	// transaction between statements holds none).
+	conn := connect(t, dbURL, "pg_dump")
+	tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM entitlements`); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 10, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), logger, opts)
+	if err != nil {
+		t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
+	}
+	if len(applied) == 0 || applied[0] != "00011_access_at_scale.sql" {
+		t.Errorf("applied %v, want 00011_access_at_scale.sql first", applied)
+	}
+	if !strings.Contains(logs.String(), `"migration":"00011_access_at_scale.sql"`) {
+		t.Errorf("00011's build never waited out its lock timeout:\n%s", logs.String())
+	}
+	var valid bool
+	err = openDB(t, dbURL).QueryRow(`SELECT i.indisvalid FROM pg_index i
+		WHERE i.indexrelid = 'checkout_sessions_subscription'::regclass`).Scan(&valid)
+	if err != nil || !valid {
+		t.Errorf("checkout_sessions_subscription valid = %v (%v), want a valid index", valid, err)
 	}
 }
