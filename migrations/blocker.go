@@ -30,14 +30,16 @@ func (b blocker) String() string {
 }
 
 // blockerQuery names the oldest transaction among the sessions that block
-// pid (pg_blocking_pids reads pg_locks), and the relation pid waits for.
+// pid (pg_blocking_pids reads pg_locks), and what pid waits for: a table,
+// or (a CONCURRENTLY build waiting out older snapshots) a transaction's end.
 const blockerQuery = `
 SELECT a.pid, coalesce(a.application_name, ''),
        coalesce(host(a.client_addr), 'local socket'), coalesce(a.state, ''),
        coalesce(extract(epoch FROM now() - a.xact_start), 0)::float8,
        left(coalesce(a.query, ''), 100),
-       coalesce((SELECT l.relation::regclass::text FROM pg_locks l
-                 WHERE l.pid = $1 AND NOT l.granted AND l.relation IS NOT NULL
+       coalesce((SELECT CASE WHEN l.relation IS NOT NULL THEN l.relation::regclass::text
+                             ELSE 'the end of its transaction (' || l.locktype || ' lock)' END
+                 FROM pg_locks l WHERE l.pid = $1 AND NOT l.granted
                  LIMIT 1), 'a lock')
 FROM pg_stat_activity a
 WHERE a.pid = ANY (pg_blocking_pids($1::int))

@@ -295,7 +295,8 @@ func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 	if len(applied) == 0 || applied[0] != "00011_access_at_scale.sql" {
 		t.Errorf("applied %v, want 00011_access_at_scale.sql first", applied)
 	}
-	if !strings.Contains(logs.String(), `"migration":"00011_access_at_scale.sql"`) {
+	if !strings.Contains(logs.String(), `"migration":"00011_access_at_scale.sql"`) ||
+		!strings.Contains(logs.String(), `blocked on the end of its transaction (virtualxid lock) by pid`) {
 		t.Errorf("00011's build never waited out its lock timeout:\n%s", logs.String())
 	}
 	var valid bool
