@@ -22,6 +22,8 @@ COPY . .
 # passes the git tag (--build-arg VERSION=v1.2.3), as make build passes git
 # describe.
 ARG VERSION=dev
+# The commit it prints (--build-arg COMMIT=<sha>; the context has no .git).
+ARG COMMIT=
 ARG TARGETOS
 ARG TARGETARCH
 # The flags are the Makefile's BUILD_FLAGS (deploy/docker_test.go holds the
@@ -29,7 +31,7 @@ ARG TARGETARCH
 # the distroless static image can run.
 RUN --mount=type=cache,target=/root/.cache/go-build \
     GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/munchable-webhooks ./cmd/munchable-webhooks
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o /out/munchable-webhooks ./cmd/munchable-webhooks
 
 # Final stage: the binary alone, on distroless static (CA certificates, tzdata,
 # /etc/passwd with nonroot; no shell, no package manager).

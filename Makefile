@@ -7,8 +7,11 @@
 GO      ?= go
 BIN     := bin/munchable-webhooks
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The commit `version` prints; go build reads it from the checkout too, but
+# the image's build has no .git, so both pass it alike.
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 # The Dockerfile builds with exactly these flags.
-BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
+BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 
 .PHONY: build run deps deps-dev deps-test deps-lint test lint bench bench-app-webhook bench-scale fuzz
 

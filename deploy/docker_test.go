@@ -79,7 +79,7 @@ func TestDockerfile(t *testing.T) {
 		// Make writes $(VERSION), the Dockerfile ${VERSION}.
 		got := make([]string, len(b.Flags))
 		for i, f := range b.Flags {
-			got[i] = strings.ReplaceAll(f, "${VERSION}", "$(VERSION)")
+			got[i] = strings.NewReplacer("${VERSION}", "$(VERSION)", "${COMMIT}", "$(COMMIT)").Replace(f)
 		}
 		want, err := deploy.MakefileBuildFlags(root)
 		if err != nil {
@@ -99,17 +99,21 @@ func TestDockerfile(t *testing.T) {
 		}
 	})
 
-	t.Run("VERSION is a build argument", func(t *testing.T) {
-		// The release workflow passes the tag as --build-arg VERSION.
+	t.Run("VERSION and COMMIT are build arguments", func(t *testing.T) {
+		// The release workflow passes the tag as --build-arg VERSION, the
+		// commit as COMMIT.
 		build := d.Stages[0]
-		arg := slices.IndexFunc(build, func(in deploy.Instruction) bool {
-			return in.Cmd == "ARG" && len(in.Args) == 1 && strings.HasPrefix(in.Args[0], "VERSION")
-		})
 		run := slices.IndexFunc(build, func(in deploy.Instruction) bool {
 			return in.Cmd == "RUN" && strings.Contains(strings.Join(in.Args, " "), "go build")
 		})
-		if arg < 0 || arg > run || !slices.ContainsFunc(b.Flags, func(f string) bool { return strings.Contains(f, "main.version=${VERSION}") }) {
-			t.Errorf("build stage: want ARG VERSION before go build, and -X main.version=${VERSION} (at %d, %d; flags %v)", arg, run, b.Flags)
+		for arg, variable := range map[string]string{"VERSION": "version", "COMMIT": "commit"} {
+			i := slices.IndexFunc(build, func(in deploy.Instruction) bool {
+				return in.Cmd == "ARG" && len(in.Args) == 1 && strings.HasPrefix(in.Args[0], arg)
+			})
+			flag := "main." + variable + "=${" + arg + "}"
+			if i < 0 || i > run || !slices.ContainsFunc(b.Flags, func(f string) bool { return strings.Contains(f, flag) }) {
+				t.Errorf("build stage: want ARG %s before go build, and -X %s (at %d, %d; flags %v)", arg, flag, i, run, b.Flags)
+			}
 		}
 	})
 
@@ -267,10 +271,10 @@ func TestDockerBuildFlagsMakeARunnableStaticBinary(t *testing.T) {
 	}
 	t.Parallel()
 	b := goBuild(t, dockerfile(t))
-	const version = "deploy-test-1.2.3"
+	const version, commit = "deploy-test-1.2.3", "deploy-test-commit"
 	args := []string{"build"}
 	for _, f := range b.Flags {
-		args = append(args, strings.ReplaceAll(f, "${VERSION}", version))
+		args = append(args, strings.NewReplacer("${VERSION}", version, "${COMMIT}", commit).Replace(f))
 	}
 	bin := filepath.Join(t.TempDir(), "munchable-webhooks")
 	args = append(args, "-o", bin, b.Package)
@@ -286,8 +290,9 @@ func TestDockerBuildFlagsMakeARunnableStaticBinary(t *testing.T) {
 
 	t.Run("version prints the build's VERSION", func(t *testing.T) {
 		out, err := exec.Command(bin, "version").Output()
-		if first, _, _ := strings.Cut(string(out), "\n"); err != nil || first != "version: "+version {
-			t.Errorf("%s version = %q, %v; want a first line %q", bin, out, err, "version: "+version)
+		lines := strings.Split(string(out), "\n")
+		if err != nil || len(lines) < 2 || lines[0] != "version: "+version || lines[1] != "commit: "+commit {
+			t.Errorf("%s version = %q, %v; want lines %q and %q", bin, out, err, "version: "+version, "commit: "+commit)
 		}
 	})
 	t.Run("static: distroless static has no dynamic loader", func(t *testing.T) {

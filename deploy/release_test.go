@@ -55,8 +55,8 @@ func TestReleaseWorkflow(t *testing.T) {
 	}
 	with := image.Steps[i].With
 	if with["platforms"] != "linux/amd64,linux/arm64" || with["push"] != "true" ||
-		with["build-args"] != "VERSION=${{ github.ref_name }}" || !strings.HasPrefix(with["tags"], "${{ env.IMAGE }}:") {
-		t.Errorf("build-push-action with %v, want both architectures pushed as ${{ env.IMAGE }}:VERSION, with build-arg VERSION=${{ github.ref_name }}", with)
+		with["build-args"] != "VERSION=${{ github.ref_name }}\nCOMMIT=${{ github.sha }}\n" || !strings.HasPrefix(with["tags"], "${{ env.IMAGE }}:") {
+		t.Errorf("build-push-action with %v, want both architectures pushed as ${{ env.IMAGE }}:VERSION, with build-args VERSION=${{ github.ref_name }} and COMMIT=${{ github.sha }}", with)
 	}
 }
 
