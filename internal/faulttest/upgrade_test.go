@@ -33,8 +33,10 @@ var migrationLockTimeout = migrations.DefaultOptions().LockTimeout
 // build again. Nothing lost, no wrong row, each support message once and
 // forwarded once, every non-2xx answered to a retry that succeeded, and no
 // delivery waiting on the migration longer than its lock timeout.
+//
+// Not parallel: the delivery times it bounds are the migration's, and the
+// fault tests beside it on two cores would add their own.
 func TestUpgradeAndRollback(t *testing.T) {
-	t.Parallel()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
