@@ -172,6 +172,21 @@ func TestMigrationBehindHeldLockGivesUpNamingTheSession(t *testing.T) {
 	}
 }
 
+// patient waits 300 ms for a lock, up to 10 times: long enough for the
+// tests' held locks (1 to 1.5 s) to end between tries.
+var patient = migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 10, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
+
+// applyPatiently applies the pending migrations with patient, and returns
+// what ApplyWith did and logged.
+func applyPatiently(t *testing.T, dbURL string) ([]string, *bytes.Buffer, error) {
+	t.Helper()
+	var logs bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), slog.New(slog.NewJSONHandler(&logs, nil)), patient)
+	return applied, &logs, err
+}
+
 func TestMigrationRetriesUntilTheLockIsFree(t *testing.T) {
 	t.Parallel()
 	dbURL := pendingReleases(t)
@@ -179,12 +194,7 @@ func TestMigrationRetriesUntilTheLockIsFree(t *testing.T) {
 	time.AfterFunc(time.Second, endReader)
 	stopWrites := writeLoop(t, dbURL)
 
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewJSONHandler(&logs, nil))
-	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 10, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), logger, opts)
+	applied, logs, err := applyPatiently(t, dbURL)
 	slowest := stopWrites()
 	if err != nil {
 		t.Fatalf("ApplyWith: %v", err)
@@ -195,8 +205,8 @@ func TestMigrationRetriesUntilTheLockIsFree(t *testing.T) {
 	if !strings.Contains(logs.String(), `"blocked_by":"blocked on webhook_events by pid`) {
 		t.Errorf("no retry warning naming the blocking session:\n%s", logs.String())
 	}
-	if slowest > opts.LockTimeout+700*time.Millisecond {
-		t.Errorf("slowest write during the migration took %s, want at most about the lock timeout %s", slowest, opts.LockTimeout)
+	if slowest > patient.LockTimeout+700*time.Millisecond {
+		t.Errorf("slowest write during the migration took %s, want at most about the lock timeout %s", slowest, patient.LockTimeout)
 	}
 	if err := migrations.Verify(t.Context(), openDB(t, dbURL)); err != nil {
 		t.Errorf("Verify after the migration: %v", err)
@@ -283,12 +293,7 @@ func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 	}
 	time.AfterFunc(1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
 
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewJSONHandler(&logs, nil))
-	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 10, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), logger, opts)
+	applied, logs, err := applyPatiently(t, dbURL)
 	if err != nil {
 		t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
 	}

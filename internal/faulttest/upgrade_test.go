@@ -112,18 +112,19 @@ func TestUpgradeAndRollback(t *testing.T) {
 	terminate(t, previous)
 	time.Sleep(2 * time.Second)
 
-	// Rollback: the previous binary on the new schema, then this one again.
-	r.start(previous)
-	lb.route(previous, current)
-	time.Sleep(time.Second)
-	lb.route(previous)
-	terminate(t, current)
+	// Rollback: the previous binary on the new schema, then this one again,
+	// each rolled out as a deployment does: the new pod ready and in the
+	// rotation, then the old one drained and stopped.
+	rollTo := func(from, to *faulttest.Service) {
+		r.start(to)
+		lb.route(from, to)
+		time.Sleep(time.Second)
+		lb.route(to)
+		terminate(t, from)
+	}
+	rollTo(current, previous)
 	time.Sleep(3 * time.Second)
-	r.start(current)
-	lb.route(previous, current)
-	time.Sleep(time.Second)
-	lb.route(current)
-	terminate(t, previous)
+	rollTo(previous, current)
 	time.Sleep(2 * time.Second)
 	res := load.stop()
 
