@@ -37,6 +37,7 @@ var migrationLockTimeout = migrations.DefaultOptions().LockTimeout
 // Not parallel: the delivery times it bounds are the migration's, and the
 // fault tests beside it on two cores would add their own.
 func TestUpgradeAndRollback(t *testing.T) {
+	r := newRig(t) // first: it skips under -short, as every fault test does
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,6 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	checkVersion(t, serviceBin, migrations.Version())
 
-	r := newRig(t)
 	env := map[string]string{"SUPPORT_FORM_RATE": "10000"}
 	for k, v := range forwardEnv {
 		env[k] = v
