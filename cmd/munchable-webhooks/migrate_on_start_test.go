@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,7 +59,10 @@ func TestServeWithoutMigrateOnStart(t *testing.T) {
 	env["DATABASE_URL"] = dbURL
 	env["MIGRATE_ON_START"] = "false"
 	var out bytes.Buffer
-	err := run(t.Context(), []string{"munchable-webhooks", "serve"}, environ(env), &out, &out)
+	// A serve that wrongly starts stops when ctx ends, and returns nil.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	err := run(ctx, []string{"munchable-webhooks", "serve"}, environ(env), &out, &out)
+	cancel()
 	if !errors.Is(err, migrations.ErrSchema) {
 		t.Fatalf("serve on schema %d with MIGRATE_ON_START=false: %v, want ErrSchema\n%s", older, err, &out)
 	}
@@ -93,7 +97,10 @@ func TestServeRefusesAContractedSchema(t *testing.T) {
 		env["DATABASE_URL"] = dbURL
 		env["MIGRATE_ON_START"] = onStart
 		var out bytes.Buffer
-		err := run(t.Context(), []string{"munchable-webhooks", "serve"}, environ(env), &out, &out)
+		// A serve that wrongly starts stops when ctx ends, and returns nil.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		err := run(ctx, []string{"munchable-webhooks", "serve"}, environ(env), &out, &out)
+		cancel()
 		if !errors.Is(err, migrations.ErrSchema) {
 			t.Fatalf("MIGRATE_ON_START=%s: serve = %v, want ErrSchema\n%s", onStart, err, &out)
 		}
