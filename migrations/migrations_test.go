@@ -161,7 +161,7 @@ func TestMigrationBehindHeldLockGivesUpNamingTheSession(t *testing.T) {
 	if slowest > opts.LockTimeout+700*time.Millisecond {
 		t.Errorf("slowest write during the migration took %s, want at most about the lock timeout %s", slowest, opts.LockTimeout)
 	}
-	t.Logf("gave up after %s; slowest write meanwhile %s", took, slowest)
+	t.Logf("gave up after %s; slowest write meanwhile %s; the error:\n%v", took, slowest, err)
 
 	var version int64
 	if err := openDB(t, dbURL).QueryRow(`SELECT max(version_id) FROM goose_db_version`).Scan(&version); err != nil {
