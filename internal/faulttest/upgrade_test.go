@@ -52,7 +52,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err) // never a skip: CI has the whole history
 	}
-	checkVersion(t, serviceBin, migrations.Version())
+	version := checkVersion(t, serviceBin, migrations.Version())
 
 	env := map[string]string{"SUPPORT_FORM_RATE": "10000"}
 	for k, v := range forwardEnv {
@@ -146,7 +146,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	// Which release recorded what: this build names its sessions, the
 	// previous release did not.
-	byCurrent := r.count(`SELECT count(*) FROM webhook_events WHERE received_by = 'munchable-webhooks dev'`)
+	byCurrent := r.count(`SELECT count(*) FROM webhook_events WHERE received_by = $1`, "munchable-webhooks "+version)
 	byPrevious := r.count(`SELECT count(*) FROM webhook_events WHERE received_by IS NULL`)
 	if byCurrent == 0 || byPrevious == 0 {
 		t.Errorf("events recorded by this build %d, by the previous release %d: want both", byCurrent, byPrevious)
@@ -183,8 +183,9 @@ func TestUpgradeAndRollback(t *testing.T) {
 		res.slowestBetween(time.Time{}, time.Now()).Round(time.Millisecond), byCurrent, byPrevious)
 }
 
-// checkVersion runs `bin version` and checks its schema line.
-func checkVersion(t *testing.T, bin string, schema int64) {
+// checkVersion runs `bin version`, checks its schema line and returns
+// its version.
+func checkVersion(t *testing.T, bin string, schema int64) string {
 	t.Helper()
 	out, err := exec.Command(bin, "version").Output()
 	if err != nil {
@@ -193,8 +194,9 @@ func checkVersion(t *testing.T, bin string, schema int64) {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "version: ") || !strings.HasPrefix(lines[1], "commit: ") ||
 		lines[2] != fmt.Sprintf("schema: %d", schema) {
-		t.Errorf("version printed %q, want version, commit and schema: %d lines", out, schema)
+		t.Fatalf("version printed %q, want version, commit and schema: %d lines", out, schema)
 	}
+	return strings.TrimPrefix(lines[0], "version: ")
 }
 
 // terminate stops svc as Kubernetes does, with SIGTERM and a grace.
