@@ -53,9 +53,11 @@ func (r *rig) waitRelayLeader(svc *faulttest.Service) {
 }
 
 // rollout runs the deploy: post(svc, n) makes post n to svc and returns
-// its change id. It returns the id of the post made before the new
-// replica started and the ids of those made after.
-func (r *rig) rollout(newEnv map[string]string, post func(*faulttest.Service, int) int64) (before int64, after []int64) {
+// the id that names it in its delivery. It waits until consumer has
+// delivered as many as were posted once the new replica had started, and
+// returns the id of the post made before it started and the ids of those
+// made after.
+func (r *rig) rollout(newEnv map[string]string, consumer string, post func(*faulttest.Service, int) int64) (before int64, after []int64) {
 	r.t.Helper()
 	old := r.service(map[string]string{"LEADER_LEASE_TTL": leaseTTL.String()})
 	r.waitRelayLeader(old)
@@ -77,7 +79,18 @@ func (r *rig) rollout(newEnv map[string]string, post func(*faulttest.Service, in
 		r.t.Fatal(err)
 	}
 	r.waitRelayLeader(nw)
+	r.waitCount("every post after the new replica started delivered", len(after),
+		`SELECT count(*) FROM relay_deliveries WHERE consumer = $1 AND state = 'delivered'`, consumer)
 	return before, after
+}
+
+// once is each of ids, in format, counted once.
+func once(format string, ids []int64) map[string]int {
+	m := map[string]int{}
+	for _, id := range ids {
+		m[fmt.Sprintf(format, id)] = 1
+	}
+	return m
 }
 
 // TestForwardSwitchedOnMidRollout: SUPPORT_FORWARD_TO switched on by a
@@ -86,7 +99,7 @@ func (r *rig) rollout(newEnv map[string]string, post func(*faulttest.Service, in
 func TestForwardSwitchedOnMidRollout(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	before, after := r.rollout(forwardEnv, func(svc *faulttest.Service, n int) int64 {
+	before, after := r.rollout(forwardEnv, "forward", func(svc *faulttest.Service, n int) int64 {
 		m := newEmail(fmt.Sprintf("rollout-%d", n))
 		r.api.Add(m)
 		if a := r.resend(svc, m); !a.OK() {
@@ -94,12 +107,7 @@ func TestForwardSwitchedOnMidRollout(t *testing.T) {
 		}
 		return r.supportMessageID(m)
 	})
-	r.waitCount("every mail after the new replica started forwarded", len(after),
-		`SELECT count(*) FROM relay_deliveries WHERE consumer = 'forward' AND state = 'delivered'`)
-	want := map[string]int{}
-	for _, id := range after {
-		want[fmt.Sprintf("support-message/%d", id)] = 1
-	}
+	want := once("support-message/%d", after)
 	got := map[string]int{}
 	for _, s := range r.api.Sends() {
 		got[s.Key]++
@@ -120,19 +128,14 @@ func TestAppWebhookSwitchedOnMidRollout(t *testing.T) {
 	r := newRig(t)
 	app := newAppReceiver(t)
 	app.unblock() // nothing held: this test is not about a kill mid-delivery
-	before, after := r.rollout(app.env(), func(svc *faulttest.Service, n int) int64 {
+	before, after := r.rollout(app.env(), "app_webhook", func(svc *faulttest.Service, n int) int64 {
 		ev := subEvent(n, "active")
 		if a := r.stripe(svc, ev); !a.OK() {
 			t.Fatalf("event %d: %v", n, a)
 		}
 		return r.subscriptionChangeID(ev)
 	})
-	r.waitCount("every change after the new replica started delivered", len(after),
-		`SELECT count(*) FROM relay_deliveries WHERE consumer = 'app_webhook' AND state = 'delivered'`)
-	want := map[string]int{}
-	for _, id := range after {
-		want[fmt.Sprintf("chg_%d", id)] = 1
-	}
+	want := once("chg_%d", after)
 	got := map[string]int{}
 	for i, p := range app.Posts() {
 		if p.Verify != nil {
