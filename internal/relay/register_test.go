@@ -139,52 +139,49 @@ func TestRegisterMidRollout(t *testing.T) {
 }
 
 // TestRegisterBoundary: the start is the registering transaction's own
-// transaction id. A change committed before Register is before it, and
-// so is what the relay, running later, finds there. A transaction that
-// began before Register but wrote
-// only after it is after the start; one that had written before it is
-// before the start, even if it commits after Register has returned
-// (whatever else has finished meanwhile: the snapshot's xmax, the start
-// before, put it on either side); a change made once Register has
-// returned is after it.
+// transaction id. A change committed before Register is before it. A
+// transaction that had written before the registration is before it
+// too, and Register returns only once it has ended, so that nothing
+// committed after Register returns is before the start. A transaction
+// that began before Register but writes only after it is after the
+// start, as is a change made once Register has returned.
 func TestRegisterBoundary(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	insert := `INSERT INTO changes (at, kind, subject, after) VALUES (now(), 'support_message', $1, '{"n":1}') RETURNING id`
 	committed := addChange(t, pool, ledger.KindSupportMessage, "committed-before")
-
-	wrote, err := pool.Begin(ctx) // had written when Register ran
+	wrote, inFlight := openChange(t, pool, "in-flight") // had written when Register ran
+	began, err := pool.Begin(ctx)                       // begun, nothing written yet
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer wrote.Rollback(ctx)
-	var inFlight int64
-	if err := wrote.QueryRow(ctx, insert, "in-flight").Scan(&inFlight); err != nil {
-		t.Fatal(err)
-	}
-	began, err := pool.Begin(ctx) // begun, nothing written yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer began.Rollback(ctx)
+	t.Cleanup(func() { _ = began.Rollback(ctx) })
 	if _, err := began.Exec(ctx, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 
 	r := newRig(t, pool, fast)
-	if err := r.relay.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	var late int64
-	if err := began.QueryRow(ctx, insert, "began-before-wrote-after").Scan(&late); err != nil {
-		t.Fatal(err)
-	}
-	if err := began.Commit(ctx); err != nil {
-		t.Fatal(err)
+	registered := make(chan error, 1)
+	go func() { registered <- r.relay.Register(ctx) }()
+	select {
+	case err := <-registered:
+		t.Fatalf("Register returned (%v) while a transaction older than the start ran", err)
+	case <-time.After(300 * time.Millisecond):
 	}
 	if err := wrote.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-registered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Register did not return once the older transaction had ended")
+	}
+
+	late := addChangeIn(t, began, "began-before-wrote-after")
+	if err := began.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	after := addChange(t, pool, ledger.KindSupportMessage, "after")
@@ -199,4 +196,59 @@ func TestRegisterBoundary(t *testing.T) {
 	if d, ok := got[inFlight]; ok {
 		t.Errorf("the change written before the registration was taken: %+v", d)
 	}
+}
+
+// TestRegisterWaitIsBounded: a transaction older than the start held open
+// delays Register by its bound only; what it commits later is before the
+// start, and what comes after Register is delivered.
+func TestRegisterWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	held, heldID := openChange(t, pool, "held-open")
+	r := newRig(t, pool, fast)
+	began := time.Now()
+	if err := r.relay.RegisterWithin(ctx, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < 200*time.Millisecond {
+		t.Errorf("Register returned after %v, before its bound, with an older transaction running", took)
+	}
+	if c, ok := testConsumer(t, pool); !ok || !c.enabled {
+		t.Fatalf("the consumer's row is %+v (found %v), want it enabled", c, ok)
+	}
+	after := addChange(t, pool, ledger.KindSupportMessage, "after")
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.start(t, nil)
+	waitState(t, pool, after, relay.Delivered)
+	if d, ok := deliveries(t, pool)[heldID]; ok {
+		t.Errorf("the change of the transaction older than the start was taken: %+v", d)
+	}
+}
+
+// openChange begins a transaction and appends a change in it, left
+// uncommitted.
+func openChange(t *testing.T, pool *pgxpool.Pool, subject string) (pgx.Tx, int64) {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx, addChangeIn(t, tx, subject)
+}
+
+// addChangeIn appends a support message change in tx.
+func addChangeIn(t *testing.T, tx pgx.Tx, subject string) int64 {
+	t.Helper()
+	var id int64
+	err := tx.QueryRow(context.Background(),
+		`INSERT INTO changes (at, kind, subject, after) VALUES (now(), 'support_message', $1, '{"n":1}') RETURNING id`,
+		subject).Scan(&id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

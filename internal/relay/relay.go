@@ -293,7 +293,7 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 		}
 		// serve has registered them before it took any delivery; this
 		// places one that was not (a relay run on its own, as in tests).
-		if _, err := addConsumers(ctx, tx, names); err != nil {
+		if _, _, err := addConsumers(ctx, tx, names); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, cursorsSQL, names)
