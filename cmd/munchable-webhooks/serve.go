@@ -108,6 +108,11 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
 	// The relay runs on one replica at a time; its gauges on every one.
 	rel := relay.New(cfg.relayConfig(pool, logger, registry))
+	// A destination starts when its first configured replica does: before
+	// this one accepts anything, whoever leads the relay.
+	if err := rel.Register(ctx); err != nil {
+		return err
+	}
 	if len(cfg.SupportForwardTo) == 0 {
 		logger.Info("forwarding support messages to the team is off (SUPPORT_FORWARD_TO is empty)")
 	}

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -186,8 +185,9 @@ func (r *Relay) consumer(name string) (Consumer, bool) {
 
 // Run relays until ctx ends (it returns nil) or fence fails (an error
 // wrapping ErrFenced). It first marks which consumers are enabled (those
-// it has; the others then hold retention back no more) and places a
-// consumer new to feed_consumers at the end of the feed. A failed pass is
+// it has; the others then hold retention back no more) and goes on from
+// each one's cursor, placing one that Register has not as Register would.
+// A failed pass is
 // logged and tried again at the next poll.
 func (r *Relay) Run(ctx context.Context, fence Fence) error {
 	cursors, err := r.enable(ctx, fence)
@@ -281,17 +281,6 @@ func (r *Relay) inTx(ctx context.Context, fence Fence, fn func(pgx.Tx) error) er
 const (
 	disableSQL = `UPDATE feed_consumers SET enabled = (name = ANY($1::text[]))
 WHERE enabled <> (name = ANY($1::text[]))`
-	// A new consumer starts at the end of the feed: past every
-	// transaction that has completed (the snapshot's xmax), committed
-	// changes and all, whatever the horizon (another database's open
-	// transaction holds the horizon back, not the end of the feed). A
-	// transaction still running then, with an id below xmax, is taken
-	// for already there too; every later one is delivered.
-	endSQL         = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`
-	addConsumerSQL = `
-INSERT INTO feed_consumers (name, cursor, updated_at, floor, enabled)
-SELECT n, $2, now(), $3::text::xid8, true FROM unnest($1::text[]) n
-ON CONFLICT (name) DO NOTHING`
 	cursorsSQL = `SELECT name, cursor FROM feed_consumers WHERE name = ANY($1::text[])`
 )
 
@@ -302,16 +291,9 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 		if _, err := tx.Exec(ctx, disableSQL, names); err != nil {
 			return err
 		}
-		var end string
-		if err := tx.QueryRow(ctx, endSQL).Scan(&end); err != nil {
-			return err
-		}
-		lo, err := strconv.ParseUint(end, 10, 64)
-		if err != nil {
-			return fmt.Errorf("end of the feed %q: %w", end, err)
-		}
-		start := ledger.Cursor{Lo: lo}
-		if _, err := tx.Exec(ctx, addConsumerSQL, names, start.String(), fmt.Sprint(start.Floor())); err != nil {
+		// serve has registered them before it took any delivery; this
+		// places one that was not (a relay run on its own, as in tests).
+		if _, _, err := addConsumers(ctx, tx, names); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, cursorsSQL, names)
