@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/munchable/munchable-webhooks/internal/support"
 )
 
@@ -83,12 +85,18 @@ func supportCommand(ctx context.Context, args, environ []string, stdout, stderr 
 	return top.misuse("unknown command %q", args[0])
 }
 
-func listSupport(ctx context.Context, environ []string, q support.ListQuery, stdout, stderr io.Writer) error {
-	cfg, err := parseEnv[changesConfig](environ) // DATABASE_URL alone
+// openDatabaseOnly opens a small pool on DATABASE_URL, the one variable
+// the support commands read.
+func openDatabaseOnly(ctx context.Context, environ []string) (*pgxpool.Pool, error) {
+	cfg, err := parseEnv[changesConfig](environ)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	return openPostgres(ctx, string(cfg.DatabaseURL), 2)
+}
+
+func listSupport(ctx context.Context, environ []string, q support.ListQuery, stdout, stderr io.Writer) error {
+	pool, err := openDatabaseOnly(ctx, environ)
 	if err != nil {
 		return err
 	}
@@ -104,11 +112,7 @@ func listSupport(ctx context.Context, environ []string, q support.ListQuery, std
 }
 
 func showSupport(ctx context.Context, environ []string, id int64, html bool, attachment string, stdout io.Writer) error {
-	cfg, err := parseEnv[changesConfig](environ) // DATABASE_URL alone
-	if err != nil {
-		return err
-	}
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	pool, err := openDatabaseOnly(ctx, environ)
 	if err != nil {
 		return err
 	}
