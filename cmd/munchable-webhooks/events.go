@@ -160,7 +160,9 @@ func events(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		})
 		// On stderr, so that stdout stays one JSON object a line; an
 		// empty list then still says it looked.
-		fmt.Fprintf(stderr, "%d events\n", n)
+		if err == nil {
+			fmt.Fprintf(stderr, "%d events\n", n)
+		}
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()

@@ -184,7 +184,9 @@ func listDeliveries(ctx context.Context, environ []string, consumer string, stat
 	})
 	// On stderr, so that stdout stays one JSON object a line; an empty
 	// list then still says it looked.
-	fmt.Fprintf(stderr, "%d deliveries\n", n)
+	if err == nil {
+		fmt.Fprintf(stderr, "%d deliveries\n", n)
+	}
 	return err
 }
 

@@ -107,7 +107,9 @@ func listSupport(ctx context.Context, environ []string, q support.ListQuery, std
 		return enc.Encode(l)
 	})
 	// On stderr, so that stdout stays one JSON object a line.
-	fmt.Fprintf(stderr, "%d support messages\n", n)
+	if err == nil {
+		fmt.Fprintf(stderr, "%d support messages\n", n)
+	}
 	return err
 }
 
