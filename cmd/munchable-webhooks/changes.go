@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -87,7 +86,7 @@ func changes(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if err := ledger.CheckCursor(ctx, pool, cursor); err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
+	enc := jsonLines(stdout)
 	cursor, err = ledger.New(pool, 0).Tail(ctx, cursor, *follow, changesPoll, func(c ledger.Change) error {
 		return enc.Encode(c)
 	})

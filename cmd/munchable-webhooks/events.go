@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -154,10 +153,17 @@ func events(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	defer pool.Close()
 	led := ledger.New(pool, cfg.PoisonAfter)
 	if req.sub == "list" {
-		enc := json.NewEncoder(stdout)
-		return led.List(ctx, ledger.Outcome(req.outcome), time.Now().Add(-req.since), func(e ledger.Event) error {
+		enc, n := jsonLines(stdout), 0
+		err := led.List(ctx, ledger.Outcome(req.outcome), time.Now().Add(-req.since), func(e ledger.Event) error {
+			n++
 			return enc.Encode(e)
 		})
+		// On stderr, so that stdout stays one JSON object a line; an
+		// empty list then still says it looked.
+		if err == nil {
+			fmt.Fprintf(stderr, "%d events\n", n)
+		}
+		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
 	if err != nil {
@@ -199,10 +205,7 @@ func showEvent(ctx context.Context, led *ledger.Ledger, claims *claim.Store, pro
 			return err
 		}
 	}
-	out, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "%s\n", out)
-	return err
+	enc := jsonLines(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
 }

@@ -146,6 +146,11 @@ func TestRetryFailedMail(t *testing.T) {
 	if _, _, err := runCmd(t, env, "events", "retry", "resend", "msg_retry_1"); err == nil {
 		t.Error("retrying an applied event: want an error")
 	}
+	// Nothing failed any more: stdout stays empty (JSON lines only), and
+	// stderr says the list was read.
+	if out, stderr, err := runCmd(t, env, "events", "list", "--outcome", "failed"); err != nil || out != "" || stderr != "0 events\n" {
+		t.Errorf("events list --outcome failed after the retry = %q, stderr %q, %v; want nothing and 0 events", out, stderr, err)
+	}
 
 	// The feed shows a change once no open transaction on the server can
 	// precede it: another package's test holding one open delays it, so
@@ -166,6 +171,10 @@ func TestRetryFailedMail(t *testing.T) {
 	}
 	if lines != 1 || !strings.Contains(out, `"kind":"support_message"`) || !strings.HasPrefix(stderr, "cursor c2.") {
 		t.Errorf("changes tail = %q, stderr %q; want one change and the cursor", out, stderr)
+	}
+	// A Message-ID prints as the mail has it, not HTML-escaped.
+	if !strings.Contains(out, `"message_id":"<CAF=4x2eJ7Q@mail.example.com>"`) {
+		t.Errorf("changes tail = %q; want the fetched mail's message_id as <CAF=4x2eJ7Q@mail.example.com>", out)
 	}
 	cursor := strings.TrimSpace(strings.TrimPrefix(stderr, "cursor "))
 	if out, _, err := runCmd(t, env, "changes", "tail", "--after", cursor); err != nil || out != "" {

@@ -63,6 +63,7 @@ commands:
   events       show, list or retry the events in the ledger
   changes      tail the change feed as JSON lines
   relay        list or retry the relay's deliveries (forwards to the team, webhooks to the app)
+  support      list or read the support queue's messages and their forwards
 
 Every command answers -h with its own usage. Configuration comes from the
 environment; see README.md. Exit status: 0 done, 1 failed, 2 bad command line, 3 stripe verify found drift,
@@ -128,6 +129,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return changes(ctx, rest, environ, stdout, stderr)
 	case "relay":
 		return relayCommand(ctx, rest, environ, stdout, stderr)
+	case "support":
+		return supportCommand(ctx, rest, environ, stdout, stderr)
 	}
 	// The commands without flags or arguments of their own.
 	commands := map[string]struct {

@@ -16,13 +16,14 @@ import (
 
 // TestMain lets a test run this test binary as the program itself, to see
 // main's exit status: MUNCHABLE_RUN_MAIN=1 makes it call main instead of
-// the tests.
+// the tests, which get throwaway Postgres and Redis servers when
+// TEST_DATABASE_URL or TEST_REDIS_URL is unset (dbtest.Run).
 func TestMain(m *testing.M) {
 	if os.Getenv("MUNCHABLE_RUN_MAIN") == "1" {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(dbtest.Run(m))
 }
 
 // nowhere is an environment in which every command that acts fails at once:

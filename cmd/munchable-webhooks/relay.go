@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -153,7 +152,7 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 		if *state != "" && !slices.Contains(relay.States, relay.State(*state)) {
 			return cmd.misuse("--state %q: want pending, delivered, failed, dead or skipped", *state)
 		}
-		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout)
+		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout, stderr)
 	case "retry":
 		pos, err := cmd.parse(args[1:], 2)
 		if err != nil {
@@ -168,7 +167,7 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 	return top.misuse("unknown command %q", args[0])
 }
 
-func listDeliveries(ctx context.Context, environ []string, consumer string, state relay.State, stdout io.Writer) error {
+func listDeliveries(ctx context.Context, environ []string, consumer string, state relay.State, stdout, stderr io.Writer) error {
 	cfg, err := parseEnv[changesConfig](environ) // DATABASE_URL alone
 	if err != nil {
 		return err
@@ -178,8 +177,17 @@ func listDeliveries(ctx context.Context, environ []string, consumer string, stat
 		return err
 	}
 	defer pool.Close()
-	enc := json.NewEncoder(stdout)
-	return relay.List(ctx, pool, consumer, state, func(d relay.Delivery) error { return enc.Encode(d) })
+	enc, n := jsonLines(stdout), 0
+	err = relay.List(ctx, pool, consumer, state, func(d relay.Delivery) error {
+		n++
+		return enc.Encode(d)
+	})
+	// On stderr, so that stdout stays one JSON object a line; an empty
+	// list then still says it looked.
+	if err == nil {
+		fmt.Fprintf(stderr, "%d deliveries\n", n)
+	}
+	return err
 }
 
 // errNotDelivered: relay retry ran, and the delivery failed again.
@@ -200,7 +208,7 @@ func retryDelivery(ctx context.Context, environ []string, consumer string, chang
 	if err != nil {
 		return err
 	}
-	if err := json.NewEncoder(stdout).Encode(d); err != nil {
+	if err := jsonLines(stdout).Encode(d); err != nil {
 		return err
 	}
 	if d.State != relay.Delivered && d.State != relay.Skipped {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -232,7 +231,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 // stripeVerify runs Verify, printing each drifted row as a JSON line and
 // the summary; drift is errDrift.
 func stripeVerify(ctx context.Context, cfg stripesync.VerifyConfig, stdout io.Writer, start time.Time) error {
-	enc := json.NewEncoder(stdout)
+	enc := jsonLines(stdout)
 	cfg.Report = func(d stripesync.Drift) { _ = enc.Encode(d) }
 	n, err := stripesync.Verify(ctx, cfg)
 	fmt.Fprintf(stdout, "stripe verify: %s in %s\n", n, time.Since(start).Round(time.Millisecond))

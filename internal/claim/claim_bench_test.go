@@ -14,8 +14,8 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
 
-// The claim's round trips against a real Redis (TEST_REDIS_URL; skipped
-// without it, like the tests), and the flow around them (body reading is
+// The claim's round trips against a real Redis (TEST_REDIS_URL, or a
+// throwaway server started by TestMain, like the tests), and the flow around them (body reading is
 // benchmarked in internal/intake).
 
 func benchStore(b *testing.B) *Store {

@@ -2,9 +2,10 @@
 // spaces, and throwaway servers for fault tests.
 //
 // NewDatabase, NewPool, Redis and RedisURL use the servers named by
-// TEST_DATABASE_URL and TEST_REDIS_URL. When one is unset the test is skipped,
-// except under CI=true, where a missing service is a failure. `make test`
-// (tools/withservers) starts throwaway servers when none are given.
+// TEST_DATABASE_URL and TEST_REDIS_URL, which Run, called from the
+// package's TestMain, starts for the test binary when they are unset. A
+// test that cannot have its server fails, naming the command to run; none
+// skips.
 //
 // StartRedis and StartPostgres start private servers that a test may kill and
 // restart; they need only the server binaries.
@@ -141,27 +142,6 @@ func Redis(t testing.TB) (*redis.Client, string) {
 func RedisURL(t testing.TB) string {
 	t.Helper()
 	return envURL(t, RedisURLEnv)
-}
-
-// envURL returns the value of the environment variable name, or ends the
-// test: a skip on a developer's machine, a failure under CI, where a missing
-// service means the suite did not run what it claims to.
-func envURL(t testing.TB, name string) string {
-	t.Helper()
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	skipOrFatal(t, name+" not set: run make test")
-	return ""
-}
-
-// skipOrFatal skips the test, or fails it under CI=true.
-func skipOrFatal(t testing.TB, msg string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
 }
 
 // randomHex returns 16 random hex digits: enough that parallel tests and

@@ -284,7 +284,7 @@ func TestDurablePostgres(t *testing.T) {
 	dir := postgresDir(t)
 	s, err := LaunchDurablePostgres(dir)
 	if errors.Is(err, ErrNoBinary) {
-		skipOrFatal(t, err.Error())
+		missingServer(t, err.Error())
 	}
 	if err != nil {
 		t.Fatal(err)

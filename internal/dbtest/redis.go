@@ -38,7 +38,7 @@ type redisTLS struct {
 }
 
 // StartRedis starts a redis-server on a free port and stops it in t.Cleanup.
-// Without redis-server on PATH the test is skipped (failed under CI=true).
+// Without redis-server on PATH the test fails, naming the command to run.
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
 	return startRedisArgs(t, t.TempDir()) // dir is removed after the Stop, as cleanups run in reverse

@@ -207,7 +207,7 @@ func startRedis(t testing.TB, s *RedisServer) *RedisServer {
 	t.Helper()
 	bin, err := redisBin()
 	if err != nil {
-		skipOrFatal(t, err.Error())
+		missingServer(t, err.Error())
 	}
 	s.bin = bin
 	err = onFreePort(func(port int) error {
@@ -258,7 +258,7 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	s.Replica = startRedisArgs(t, t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(primaryPort))
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		skipOrFatal(t, fmt.Sprintf("%v: redis-server: %v", ErrNoBinary, err))
+		missingServer(t, fmt.Sprintf("%v: redis-server: %v", ErrNoBinary, err))
 	}
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "sentinel.log")
@@ -387,7 +387,7 @@ func StartPgBouncer(t testing.TB, pg *PostgresServer, poolMode string, poolSize 
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		if _, statErr := os.Stat("/usr/sbin/pgbouncer"); statErr != nil {
-			skipOrFatal(t, fmt.Sprintf("%v: pgbouncer: %v", ErrNoBinary, err))
+			missingServer(t, fmt.Sprintf("%v: pgbouncer: %v", ErrNoBinary, err))
 		}
 		bin = "/usr/sbin/pgbouncer"
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -501,8 +502,14 @@ func subscriptionTie(sub Subscription, ev Event, fetch Fetch, came *Subscription
 // snapshotID is the last_event_id of a row written by a snapshot: no
 // event wrote it, and the time says which listing did.
 func snapshotID(takenAt time.Time) string {
-	return "snapshot:" + takenAt.UTC().Format(time.RFC3339)
+	return snapshotPrefix + takenAt.UTC().Format(time.RFC3339)
 }
+
+const snapshotPrefix = "snapshot:"
+
+// IsSnapshot reports whether a row's last event id is a snapshot's (stripe
+// sync, or stripe verify --repair), not a webhook event's.
+func IsSnapshot(eventID string) bool { return strings.HasPrefix(eventID, snapshotPrefix) }
 
 // SnapshotSubscription stores sub as read from Stripe's API by a listing that
 // began at takenAt (stripe sync). The tie rule: the snapshot stands for

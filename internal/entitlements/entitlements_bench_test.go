@@ -10,8 +10,8 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
 
-// The guarded upsert against a real Postgres (TEST_DATABASE_URL; skipped
-// without it, like the tests). One op is one statement, one round trip.
+// The guarded upsert against a real Postgres (TEST_DATABASE_URL, or a
+// throwaway server started by TestMain, like the tests). One op is one statement, one round trip.
 
 // benchSubscription is the bundled fixture's subscription: one monthly
 // item, as most first deliveries carry.

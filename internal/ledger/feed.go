@@ -115,6 +115,19 @@ func (c Cursor) String() string {
 // passed, and a floor at or below what retention deleted is a gap.
 func (c Cursor) Floor() uint64 { return c.Lo }
 
+// Passed reports whether the change (txid, id) has been read at c: it is
+// at or before c in the feed's (txid, id) order.
+func (c Cursor) Passed(txid uint64, id int64) bool {
+	switch {
+	case txid < c.Lo:
+		return true
+	case c.Hi != 0: // a first-release window: [Lo, Hi) up to id Last
+		return txid < c.Hi && id <= c.Last
+	default:
+		return txid == c.Lo && id <= c.Last
+	}
+}
+
 // MarshalText makes a Cursor print as its string in JSON.
 func (c Cursor) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
 

@@ -89,8 +89,9 @@ func BenchmarkValid(b *testing.B) {
 	}
 }
 
-// benchHandler is the Stripe handler on real Redis and Postgres (skipped
-// without TEST_REDIS_URL and TEST_DATABASE_URL), logging at warn as the
+// benchHandler is the Stripe handler on real Redis and Postgres (throwaway
+// servers from TestMain when TEST_REDIS_URL or TEST_DATABASE_URL is unset),
+// logging at warn as the
 // load harness runs it.
 func benchHandler(b *testing.B) http.Handler {
 	b.Helper()

@@ -171,6 +171,21 @@ type rawSubscription struct {
 // takenAt is the listing's second: rows from it or later are newer.
 func (v *verifier) takenAt() time.Time { return v.l.TakenAt().UTC().Truncate(time.Second) }
 
+// newer reports whether a stored row was written after this listing read
+// Stripe, and so is no drift: its event is from the listing's second or
+// later. A snapshot from the listing's very second is not: it was taken
+// by an earlier listing (a sync, or the --repair just run), so this one
+// read Stripe no earlier. Stripe's clock (the Date header) counts whole
+// seconds, so without this a verify run at once after --repair, as its
+// hint says, skipped every row the repair had written ("newer than the
+// listing") instead of finding them in sync.
+func (v *verifier) newer(eventID string, created time.Time) bool {
+	if entitlements.IsSnapshot(eventID) {
+		return created.After(v.takenAt())
+	}
+	return !created.Before(v.takenAt())
+}
+
 // page compares one page of subscriptions, then their customers' features.
 func (v *verifier) page(ctx context.Context, page []rawSubscription) error {
 	subs := make([]entitlements.Subscription, 0, len(page))
@@ -198,7 +213,7 @@ func (v *verifier) page(ctx context.Context, page []rawSubscription) error {
 		v.cfg.Progress("subscriptions", v.n.Subscriptions, 0)
 		customers = append(customers, sub.CustomerID)
 		st, ok := stored[sub.ID]
-		if ok && !st.EventCreated.Before(v.takenAt()) {
+		if ok && v.newer(st.EventID, st.EventCreated) {
 			v.n.Newer++
 			continue
 		}
@@ -282,7 +297,7 @@ func (v *verifier) feature(ctx context.Context, customer string, st entitlements
 		return err
 	}
 	v.n.Customers++
-	if ok && !st.EventCreated.Before(v.takenAt()) {
+	if ok && v.newer(st.EventID, st.EventCreated) {
 		v.n.Newer++
 		return nil
 	}

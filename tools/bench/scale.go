@@ -25,7 +25,7 @@ import (
 // by client_reference_id, and the rows of a customer and of a
 // subscription.
 var lookups = []struct{ name, sql, key string }{
-	{"access by client_reference_id", `SELECT bool_or(has_access AND ('plan_1' = ANY (price_lookup_keys) OR 'plan_1' = ANY (features)))
+	{"access by client_reference_id", `SELECT coalesce(bool_or(has_access AND ('plan_1' = ANY (price_lookup_keys) OR 'plan_1' = ANY (features))), false)
 FROM customer_access WHERE client_reference_id = $1`, "user_"},
 	{"access by stripe_customer_id", `SELECT * FROM customer_access WHERE stripe_customer_id = $1`, "cus_scale_"},
 	{"access by stripe_subscription_id", `SELECT * FROM customer_access WHERE stripe_subscription_id = $1`, "sub_scale_"},

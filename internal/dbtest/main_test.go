@@ -1,0 +1,8 @@
+package dbtest
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) { os.Exit(Run(m)) }
