@@ -17,14 +17,14 @@ import (
 // APIVersion is the Stripe API version every request names, so that
 // Stripe renders each answer in it whatever the account's default and
 // whatever stripe-go pins (v79 sends 2024-06-20, in which subscription
-// items have no period of their own). It is the release that carries
-// dahlia's breaking changes, the newest the corpus (testdata/stripe) and
-// the version tests (internal/stripesync) cover; later dahlia releases
-// only add fields. Answers are decoded raw with the webhook's rules
-// (subscriptionJSON), never with stripe-go's types, so a newer version
+// items have no period of their own). It is the newest version whose
+// Stripe fixtures the corpus is built from (testdata/stripe), and one the
+// version tests (internal/stripesync) cover; releases after it within
+// dahlia only add fields. Answers are decoded raw with the webhook's rules
+// (subscriptionJSON), never with stripe-go's types, so a version newer
 // than stripe-go knows is read like a webhook of that version.
 // docs/STRIPE.md says what to do when Stripe retires it.
-const APIVersion = "2026-03-25.dahlia"
+const APIVersion = "2026-07-29.dahlia"
 
 // NewAPI returns a stripe-go client on key whose backends all point at
 // baseURL (STRIPE_API_URL; tests point it at a local server) and name
