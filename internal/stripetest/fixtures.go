@@ -130,11 +130,19 @@ func Embed(raw []byte) []byte {
 }
 
 // Event returns an event of type typ about object (a raw object), with
-// data.previous_attributes when previous is not nil.
+// data.previous_attributes when previous is not nil, as an account on
+// basil sends it.
 func (f Fixtures) Event(id, typ string, created int64, object []byte, previous map[string]any) []byte {
+	return f.EventIn(Basil, id, typ, created, object, previous)
+}
+
+// EventIn is Event as an account on version sends it: its api_version
+// says version. The object is taken as given: Render renders a
+// subscription in version.
+func (f Fixtures) EventIn(version, id, typ string, created int64, object []byte, previous map[string]any) []byte {
 	m := clone(f.event)
 	m["id"], m["type"], m["created"] = id, typ, created
-	m["api_version"] = "2025-03-31.basil"
+	m["api_version"] = version
 	data := map[string]any{"object": json.RawMessage(object)}
 	if previous != nil {
 		data["previous_attributes"] = previous

@@ -6,6 +6,9 @@
 // JSON objects a test puts in it. It answers the request shapes stripe-go
 // sends, which stripetest_test.go checks against stripe-mock, paginates
 // and filters as Stripe documents, fails on demand and counts calls.
+// Subscriptions and their items are answered in the version the request's
+// Stripe-Version names (Render); events as they were added, since Stripe
+// never re-renders an event's data.
 package stripetest
 
 import (
@@ -51,13 +54,12 @@ type API struct {
 
 // object is one stored JSON object and the fields the fake filters on.
 type object struct {
-	ID        string `json:"id"`
-	Created   int64  `json:"created"`
-	Status    string `json:"status"` // subscriptions
-	Type      string `json:"type"`   // events
-	delivered bool   // events: every webhook delivery succeeded
-	raw       json.RawMessage
-	items     []object // subscriptions: every item, where raw embeds the first page
+	ID        string          `json:"id"`
+	Created   int64           `json:"created"`
+	Status    string          `json:"status"` // subscriptions
+	Type      string          `json:"type"`   // events
+	delivered bool            // events: every webhook delivery succeeded
+	raw       json.RawMessage // subscriptions: with every item; answers embed the first page
 }
 
 // New starts a fake API, closed in t.Cleanup.
@@ -95,21 +97,12 @@ func (a *API) URL() *url.URL {
 }
 
 // PutSubscription stores a subscription object with all its items,
-// replacing the one with the same id. Answers embed its items as Stripe
+// replacing the one with the same id, in any version's shape. Answers
+// render it in the requested version (Render), embed its items as Stripe
 // does (Embed), and list them all on GET /v1/subscription_items.
 func (a *API) PutSubscription(raw []byte) {
-	var sub struct {
-		Items struct {
-			Data []json.RawMessage `json:"data"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal(raw, &sub); err != nil {
-		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
-	}
-	o := decode(Embed(raw))
-	for _, it := range sub.Items.Data {
-		o.items = append(o.items, decode(it))
-	}
+	Render(raw, Basil) // panics here, not in an answer, on what is not a subscription
+	o := decode(raw)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == o.ID }); i >= 0 {
@@ -235,7 +228,7 @@ func (a *API) retrieveSubscription(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s, ok := a.subscription(w, r.PathValue("id")); ok {
-		writeJSON(w, s.raw)
+		writeJSON(w, Embed(Render(s.raw, r.Header.Get("Stripe-Version"))))
 	}
 }
 
@@ -278,7 +271,11 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep))
+	subs := newestFirst(a.subscriptions, keep)
+	for i, s := range subs {
+		subs[i].raw = Embed(Render(s.raw, r.Header.Get("Stripe-Version")))
+	}
+	a.writeList(w, r, "/v1/subscriptions", subs)
 }
 
 // listSubscriptionItems lists a subscription's items in their order;
@@ -291,7 +288,7 @@ func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s, ok := a.subscription(w, id); ok {
-		a.writeList(w, r, "/v1/subscription_items", s.items)
+		a.writeList(w, r, "/v1/subscription_items", renderItems(s.raw, r.Header.Get("Stripe-Version")))
 	}
 }
 
