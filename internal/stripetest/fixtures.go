@@ -109,24 +109,28 @@ const EmbeddedItems = 10
 // has_more set when that left some out. A shorter list is returned as it
 // is.
 func Embed(raw []byte) []byte {
-	var m map[string]json.RawMessage
-	var items map[string]json.RawMessage
-	var data []json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
-	}
-	if err := json.Unmarshal(m["items"], &items); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
-	}
-	if err := json.Unmarshal(items["data"], &data); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
-	}
+	m, items, data := split(raw)
 	if len(data) <= EmbeddedItems {
 		return raw
 	}
 	items["data"], items["has_more"] = marshal(data[:EmbeddedItems]), marshal(true)
 	m["items"] = marshal(items)
 	return marshal(m)
+}
+
+// split decodes a subscription object one level down to its items: the
+// object, its items list, and the list's data, each field kept raw.
+func split(raw []byte) (sub, items map[string]json.RawMessage, data []json.RawMessage) {
+	if err := json.Unmarshal(raw, &sub); err != nil {
+		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
+	}
+	if err := json.Unmarshal(sub["items"], &items); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
+	}
+	if err := json.Unmarshal(items["data"], &data); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
+	}
+	return sub, items, data
 }
 
 // Event returns an event of type typ about object (a raw object), with

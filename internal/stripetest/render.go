@@ -29,17 +29,12 @@ func Render(raw []byte, version string) []byte {
 	if version == "" {
 		return raw
 	}
-	var sub map[string]json.RawMessage
-	var items map[string]json.RawMessage
-	var data []map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &sub); err != nil {
-		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
-	}
-	if err := json.Unmarshal(sub["items"], &items); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
-	}
-	if err := json.Unmarshal(items["data"], &data); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
+	sub, items, raws := split(raw)
+	data := make([]map[string]json.RawMessage, len(raws))
+	for i, it := range raws {
+		if err := json.Unmarshal(it, &data[i]); err != nil {
+			panic(fmt.Sprintf("stripetest: subscription items.data[%d]: %v", i, err))
+		}
 	}
 	periods := []string{"current_period_start", "current_period_end"}
 	if before(version, Basil) {

@@ -271,11 +271,10 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	subs := newestFirst(a.subscriptions, keep)
-	for i, s := range subs {
-		subs[i].raw = Embed(Render(s.raw, r.Header.Get("Stripe-Version")))
-	}
-	a.writeList(w, r, "/v1/subscriptions", subs)
+	version := r.Header.Get("Stripe-Version")
+	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep), func(raw []byte) []byte {
+		return Embed(Render(raw, version))
+	})
 }
 
 // listSubscriptionItems lists a subscription's items in their order;
@@ -288,7 +287,7 @@ func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s, ok := a.subscription(w, id); ok {
-		a.writeList(w, r, "/v1/subscription_items", renderItems(s.raw, r.Header.Get("Stripe-Version")))
+		a.writeList(w, r, "/v1/subscription_items", renderItems(s.raw, r.Header.Get("Stripe-Version")), asStored)
 	}
 }
 
@@ -315,7 +314,7 @@ func (a *API) listEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/events", newestFirst(a.events, keep))
+	a.writeList(w, r, "/v1/events", newestFirst(a.events, keep), asStored)
 }
 
 func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
@@ -325,7 +324,7 @@ func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/entitlements/active_entitlements", a.entitlements[customer])
+	a.writeList(w, r, "/v1/entitlements/active_entitlements", a.entitlements[customer], asStored)
 }
 
 // createdFilter reads created[gte], [gt], [lte], [lt] and a plain created.
@@ -370,10 +369,16 @@ func newestFirst(objs []object, keep func(object) bool) []object {
 	return out
 }
 
-// writeList answers one page of objs with Stripe's cursor pagination:
-// limit (1 to 100, default 10), starting_after (the objects after that id)
-// or ending_before (the objects just before it, still in list order).
-func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, objs []object) {
+// asStored answers an object as it was put: an event (Stripe never
+// re-renders one), an item already rendered, an entitlement.
+func asStored(raw []byte) []byte { return raw }
+
+// writeList answers one page of objs, each rendered by render (only the
+// page's: a listing of many pages stays linear), with Stripe's cursor
+// pagination: limit (1 to 100, default 10), starting_after (the objects
+// after that id) or ending_before (the objects just before it, still in
+// list order).
+func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, objs []object, render func([]byte) []byte) {
 	q := r.URL.Query()
 	limit := 10
 	if s := q.Get("limit"); s != "" {
@@ -412,7 +417,7 @@ func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, obj
 	}
 	data := make([]json.RawMessage, len(page))
 	for i, o := range page {
-		data[i] = o.raw
+		data[i] = render(o.raw)
 	}
 	body, _ := json.Marshal(map[string]any{"object": "list", "url": path, "has_more": more, "data": data})
 	writeJSON(w, body)
