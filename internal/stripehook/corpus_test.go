@@ -179,9 +179,8 @@ func TestCorpusSubscriptions(t *testing.T) {
 			[]storedItem{monthly},
 		},
 		{
-			// API 2024-06-20: the period is the subscription's, shared by
-			// its items, and stored on each as a later version's webhook
-			// (or an API answer) says it; the customer is expanded.
+			// API 2024-06-20: the period is the subscription's, shared by its
+			// items and stored on each; the customer is expanded.
 			"customer.subscription.updated.2024-06-20.json", "sub_1QmunchableOldApi01",
 			storedSubscription{Customer: "cus_QmunchableCust02", Status: "active", PriceID: ptr("price_1QmunchableMonthly"),
 				PeriodEnd: at(day(31)), Livemode: ptr(false), Metadata: map[string]string{}, LastEventID: "evt_1QmunchableOldApi01"},
