@@ -179,12 +179,12 @@ func TestCorpusSubscriptions(t *testing.T) {
 			[]storedItem{monthly},
 		},
 		{
-			// API 2024-06-20: the period is the subscription's; the customer
-			// is expanded.
+			// API 2024-06-20: the period is the subscription's, shared by its
+			// items and stored on each; the customer is expanded.
 			"customer.subscription.updated.2024-06-20.json", "sub_1QmunchableOldApi01",
 			storedSubscription{Customer: "cus_QmunchableCust02", Status: "active", PriceID: ptr("price_1QmunchableMonthly"),
 				PeriodEnd: at(day(31)), Livemode: ptr(false), Metadata: map[string]string{}, LastEventID: "evt_1QmunchableOldApi01"},
-			[]storedItem{{ID: monthly.ID, PriceID: monthly.PriceID, ProductID: monthly.ProductID, LookupKey: monthly.LookupKey, Quantity: monthly.Quantity}},
+			[]storedItem{monthly},
 		},
 	}
 	for _, tt := range tests {

@@ -20,6 +20,42 @@ type head struct {
 	Type    string          `json:"type"`
 	Created json.RawMessage `json:"created"`
 	Data    json.RawMessage `json:"data"`
+	// APIVersion is the version Stripe rendered data in, for the count
+	// of versions seen; the decoders read every version by shape.
+	APIVersion string `json:"api_version"`
+}
+
+// versionLabel is an event's api_version as a metric label: Stripe's
+// spelling (a date, then a release name from 2024-09-30.acacia on), or
+// "other". Only Stripe chooses the value (the event is signed, or read
+// from the API), and it publishes about one version a month, so the label
+// grows by about twelve values a year; the check keeps anything else, a
+// malformed or overlong string, to one value.
+func versionLabel(v string) string {
+	if len(v) < 10 || len(v) > 32 {
+		return "other"
+	}
+	for i, c := range []byte(v) {
+		switch {
+		case i == 4 || i == 7:
+			if c != '-' {
+				return "other"
+			}
+		case i < 10:
+			if c < '0' || c > '9' {
+				return "other"
+			}
+		case i == 10:
+			if c != '.' || len(v) == 11 {
+				return "other"
+			}
+		default:
+			if c < 'a' || c > 'z' {
+				return "other"
+			}
+		}
+	}
+	return v
 }
 
 // objectOf decodes a handled event's data in one pass: its object into T,
@@ -129,6 +165,7 @@ func (r *Receiver) decode(body []byte) (claim.Event, error) {
 		r.thin.Inc()
 		return out, nil
 	}
+	r.apiVersions.WithLabelValues(versionLabel(h.APIVersion)).Inc()
 	k := kindOf(h.Type)
 	if k == 0 {
 		return out, nil

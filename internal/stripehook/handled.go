@@ -127,6 +127,8 @@ func layOver(s *subscriptionJSON, previous json.RawMessage) (itemsNamed bool, er
 			s.CustomerAccount = p.CustomerAccount
 		case "status":
 			s.Status = p.Status
+		case "current_period_start":
+			s.CurrentPeriodStart = p.CurrentPeriodStart
 		case "current_period_end":
 			s.CurrentPeriodEnd = p.CurrentPeriodEnd
 		case "cancel_at_period_end":

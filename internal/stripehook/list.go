@@ -65,6 +65,29 @@ type rawList struct {
 	Data []*rawObject `json:"data"`
 }
 
+// rawOne is one retrieved object: its JSON is the answer's body.
+type rawOne struct{ stripe.APIResource }
+
+// answer is what call fills: a list page or one object.
+type answer interface {
+	stripe.LastResponseSetter
+	response() *stripe.APIResponse
+}
+
+func (p *rawList) response() *stripe.APIResponse { return p.LastResponse }
+func (o *rawOne) response() *stripe.APIResponse  { return o.LastResponse }
+
+// Retrieve returns the JSON of the object at path (GET), as Stripe
+// rendered it in APIVersion, backing off from a rate limit as List does.
+func (l *Lister) Retrieve(ctx context.Context, path string) ([]byte, error) {
+	p := &stripe.Params{Context: ctx}
+	one := &rawOne{}
+	if err := l.call(ctx, path, p, nil, one); err != nil {
+		return nil, err
+	}
+	return one.LastResponse.RawJSON, nil
+}
+
 // List calls each with the id and JSON of every object of the list at
 // path, page after page, in the order Stripe lists them (with
 // params.EndingBefore, stripe-go hands each page over oldest first). An
@@ -95,14 +118,14 @@ func (l *Lister) List(ctx context.Context, path string, params stripe.ListParams
 // (https://docs.stripe.com/rate-limits advises backing off).
 const rateLimitRetries = 5
 
-func (l *Lister) call(ctx context.Context, path string, p *stripe.Params, values *form.Values, page *rawList) error {
+func (l *Lister) call(ctx context.Context, path string, p *stripe.Params, values *form.Values, into answer) error {
 	for attempt := 0; ; attempt++ {
 		l.requests++
-		err := l.backend.CallRaw(http.MethodGet, path, l.key, values, p, page)
+		err := l.backend.CallRaw(http.MethodGet, path, l.key, values, p, into)
 		var serr *stripe.Error
 		if !errors.As(err, &serr) || serr.HTTPStatusCode != http.StatusTooManyRequests || attempt == rateLimitRetries {
 			if err == nil && l.takenAt.IsZero() {
-				l.takenAt = stripeClock(page.LastResponse)
+				l.takenAt = stripeClock(into.response())
 			}
 			return err
 		}

@@ -53,6 +53,7 @@ type Receiver struct {
 	truncated prometheus.Counter
 	// itemsIncomplete counts subscriptions stored with a cut item list.
 	itemsIncomplete prometheus.Counter
+	apiVersions     *prometheus.CounterVec
 }
 
 // New returns a Receiver and registers its metrics.
@@ -74,12 +75,16 @@ func New(cfg Config) *Receiver {
 			Name: "entitlement_items_incomplete_total",
 			Help: "Subscription events stored with only the items they carried: Stripe cut the item list short (has_more) and no STRIPE_API_KEY was set to list the rest.",
 		}),
+		apiVersions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "webhook_stripe_api_version_total",
+			Help: "Stripe events decoded (webhook deliveries, and events stripe replay and the sweep read from the API) by the API version Stripe rendered them in; other: a value not spelled as Stripe spells versions. Thin events carry none and are not counted.",
+		}, []string{"api_version"}),
 	}
 	if r.logger == nil {
 		r.logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(r.thin, r.truncated, r.itemsIncomplete)
+		cfg.Registerer.MustRegister(r.thin, r.truncated, r.itemsIncomplete, r.apiVersions)
 	}
 	return r
 }

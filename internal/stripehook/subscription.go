@@ -20,17 +20,19 @@ type subscriptionJSON struct {
 	Customer        ref    `json:"customer"`
 	CustomerAccount string `json:"customer_account"`
 	Status          string `json:"status"`
-	// Up to API 2025-02-24 the period is the subscription's; from
-	// 2025-03-31.basil it is each item's
+	// Up to API 2025-02-24 the period is the subscription's, "a top-level
+	// shared billing period" of all its items; from 2025-03-31.basil it is
+	// each item's
 	// (https://docs.stripe.com/changelog/basil/2025-03-31/deprecate-subscription-current-period-start-and-end).
-	CurrentPeriodEnd  *int64 `json:"current_period_end"`
-	CancelAtPeriodEnd bool   `json:"cancel_at_period_end"`
-	CancelAt          *int64 `json:"cancel_at"`
-	CanceledAt        *int64 `json:"canceled_at"`
-	EndedAt           *int64 `json:"ended_at"`
-	TrialStart        *int64 `json:"trial_start"`
-	TrialEnd          *int64 `json:"trial_end"`
-	PauseCollection   *struct {
+	CurrentPeriodStart *int64 `json:"current_period_start"`
+	CurrentPeriodEnd   *int64 `json:"current_period_end"`
+	CancelAtPeriodEnd  bool   `json:"cancel_at_period_end"`
+	CancelAt           *int64 `json:"cancel_at"`
+	CanceledAt         *int64 `json:"canceled_at"`
+	EndedAt            *int64 `json:"ended_at"`
+	TrialStart         *int64 `json:"trial_start"`
+	TrialEnd           *int64 `json:"trial_end"`
+	PauseCollection    *struct {
 		Behavior string `json:"behavior"`
 	} `json:"pause_collection"`
 	Livemode bool              `json:"livemode"`
@@ -145,6 +147,14 @@ func (s subscriptionJSON) stored() (entitlements.Subscription, error) {
 			Quantity:           it.Quantity,
 			CurrentPeriodStart: ts.at("items.data.current_period_start", it.CurrentPeriodStart),
 			CurrentPeriodEnd:   ts.at("items.data.current_period_end", it.CurrentPeriodEnd),
+		}
+		// Before basil an item's period is its subscription's shared one.
+		// Stored on the item, a subscription reads the same in every
+		// version: a webhook rendered in 2024-06-20 and the API's answer
+		// rendered in APIVersion store the same items.
+		if it.CurrentPeriodStart == nil && it.CurrentPeriodEnd == nil {
+			item.CurrentPeriodStart = ts.at("current_period_start", s.CurrentPeriodStart)
+			item.CurrentPeriodEnd = ts.at("current_period_end", s.CurrentPeriodEnd)
 		}
 		if it.Price.LookupKey != nil {
 			item.PriceLookupKey = *it.Price.LookupKey

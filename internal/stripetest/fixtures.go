@@ -109,18 +109,7 @@ const EmbeddedItems = 10
 // has_more set when that left some out. A shorter list is returned as it
 // is.
 func Embed(raw []byte) []byte {
-	var m map[string]json.RawMessage
-	var items map[string]json.RawMessage
-	var data []json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
-	}
-	if err := json.Unmarshal(m["items"], &items); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
-	}
-	if err := json.Unmarshal(items["data"], &data); err != nil {
-		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
-	}
+	m, items, data := split(raw)
 	if len(data) <= EmbeddedItems {
 		return raw
 	}
@@ -129,12 +118,35 @@ func Embed(raw []byte) []byte {
 	return marshal(m)
 }
 
+// split decodes a subscription object one level down to its items: the
+// object, its items list, and the list's data, each field kept raw.
+func split(raw []byte) (sub, items map[string]json.RawMessage, data []json.RawMessage) {
+	if err := json.Unmarshal(raw, &sub); err != nil {
+		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
+	}
+	if err := json.Unmarshal(sub["items"], &items); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items: %v", err))
+	}
+	if err := json.Unmarshal(items["data"], &data); err != nil {
+		panic(fmt.Sprintf("stripetest: subscription items.data: %v", err))
+	}
+	return sub, items, data
+}
+
 // Event returns an event of type typ about object (a raw object), with
-// data.previous_attributes when previous is not nil.
+// data.previous_attributes when previous is not nil, as an account on
+// basil sends it.
 func (f Fixtures) Event(id, typ string, created int64, object []byte, previous map[string]any) []byte {
+	return f.EventIn(Basil, id, typ, created, object, previous)
+}
+
+// EventIn is Event as an account on version sends it: its api_version
+// says version. The object is taken as given: Render renders a
+// subscription in version.
+func (f Fixtures) EventIn(version, id, typ string, created int64, object []byte, previous map[string]any) []byte {
 	m := clone(f.event)
 	m["id"], m["type"], m["created"] = id, typ, created
-	m["api_version"] = "2025-03-31.basil"
+	m["api_version"] = version
 	data := map[string]any{"object": json.RawMessage(object)}
 	if previous != nil {
 		data["previous_attributes"] = previous

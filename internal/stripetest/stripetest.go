@@ -6,6 +6,9 @@
 // JSON objects a test puts in it. It answers the request shapes stripe-go
 // sends, which stripetest_test.go checks against stripe-mock, paginates
 // and filters as Stripe documents, fails on demand and counts calls.
+// Subscriptions and their items are answered in the version the request's
+// Stripe-Version names (Render); events as they were added, since Stripe
+// never re-renders an event's data.
 package stripetest
 
 import (
@@ -51,13 +54,12 @@ type API struct {
 
 // object is one stored JSON object and the fields the fake filters on.
 type object struct {
-	ID        string `json:"id"`
-	Created   int64  `json:"created"`
-	Status    string `json:"status"` // subscriptions
-	Type      string `json:"type"`   // events
-	delivered bool   // events: every webhook delivery succeeded
-	raw       json.RawMessage
-	items     []object // subscriptions: every item, where raw embeds the first page
+	ID        string          `json:"id"`
+	Created   int64           `json:"created"`
+	Status    string          `json:"status"` // subscriptions
+	Type      string          `json:"type"`   // events
+	delivered bool            // events: every webhook delivery succeeded
+	raw       json.RawMessage // subscriptions: with every item; answers embed the first page
 }
 
 // New starts a fake API, closed in t.Cleanup.
@@ -95,21 +97,12 @@ func (a *API) URL() *url.URL {
 }
 
 // PutSubscription stores a subscription object with all its items,
-// replacing the one with the same id. Answers embed its items as Stripe
+// replacing the one with the same id, in any version's shape. Answers
+// render it in the requested version (Render), embed its items as Stripe
 // does (Embed), and list them all on GET /v1/subscription_items.
 func (a *API) PutSubscription(raw []byte) {
-	var sub struct {
-		Items struct {
-			Data []json.RawMessage `json:"data"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal(raw, &sub); err != nil {
-		panic(fmt.Sprintf("stripetest: not a subscription: %v", err))
-	}
-	o := decode(Embed(raw))
-	for _, it := range sub.Items.Data {
-		o.items = append(o.items, decode(it))
-	}
+	Render(raw, Basil) // panics here, not in an answer, on what is not a subscription
+	o := decode(raw)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if i := slices.IndexFunc(a.subscriptions, func(s object) bool { return s.ID == o.ID }); i >= 0 {
@@ -235,7 +228,7 @@ func (a *API) retrieveSubscription(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s, ok := a.subscription(w, r.PathValue("id")); ok {
-		writeJSON(w, s.raw)
+		writeJSON(w, Embed(Render(s.raw, r.Header.Get("Stripe-Version"))))
 	}
 }
 
@@ -278,7 +271,10 @@ func (a *API) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep))
+	version := r.Header.Get("Stripe-Version")
+	a.writeList(w, r, "/v1/subscriptions", newestFirst(a.subscriptions, keep), func(raw []byte) []byte {
+		return Embed(Render(raw, version))
+	})
 }
 
 // listSubscriptionItems lists a subscription's items in their order;
@@ -291,7 +287,7 @@ func (a *API) listSubscriptionItems(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s, ok := a.subscription(w, id); ok {
-		a.writeList(w, r, "/v1/subscription_items", s.items)
+		a.writeList(w, r, "/v1/subscription_items", renderItems(s.raw, r.Header.Get("Stripe-Version")), asStored)
 	}
 }
 
@@ -318,7 +314,7 @@ func (a *API) listEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/events", newestFirst(a.events, keep))
+	a.writeList(w, r, "/v1/events", newestFirst(a.events, keep), asStored)
 }
 
 func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
@@ -328,7 +324,7 @@ func (a *API) listActiveEntitlements(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.writeList(w, r, "/v1/entitlements/active_entitlements", a.entitlements[customer])
+	a.writeList(w, r, "/v1/entitlements/active_entitlements", a.entitlements[customer], asStored)
 }
 
 // createdFilter reads created[gte], [gt], [lte], [lt] and a plain created.
@@ -373,10 +369,16 @@ func newestFirst(objs []object, keep func(object) bool) []object {
 	return out
 }
 
-// writeList answers one page of objs with Stripe's cursor pagination:
-// limit (1 to 100, default 10), starting_after (the objects after that id)
-// or ending_before (the objects just before it, still in list order).
-func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, objs []object) {
+// asStored answers an object as it was put: an event (Stripe never
+// re-renders one), an item already rendered, an entitlement.
+func asStored(raw []byte) []byte { return raw }
+
+// writeList answers one page of objs, each rendered by render (only the
+// page's: a listing of many pages stays linear), with Stripe's cursor
+// pagination: limit (1 to 100, default 10), starting_after (the objects
+// after that id) or ending_before (the objects just before it, still in
+// list order).
+func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, objs []object, render func([]byte) []byte) {
 	q := r.URL.Query()
 	limit := 10
 	if s := q.Get("limit"); s != "" {
@@ -415,7 +417,7 @@ func (a *API) writeList(w http.ResponseWriter, r *http.Request, path string, obj
 	}
 	data := make([]json.RawMessage, len(page))
 	for i, o := range page {
-		data[i] = o.raw
+		data[i] = render(o.raw)
 	}
 	body, _ := json.Marshal(map[string]any{"object": "list", "url": path, "has_more": more, "data": data})
 	writeJSON(w, body)

@@ -22,6 +22,11 @@
 //     mending; stripe replay --undelivered, or the Stripe sweep, delivers
 //     the lost event instead.
 //
+// Like Stripe, it answers subscriptions and their items in the API version
+// each request names (Stripe-Version: the period on the items from
+// 2025-03-31.basil on, on the subscription before), and events as they
+// were created.
+//
 // With a command, devstripe runs it with STRIPE_API_URL set to its own URL
 // and STRIPE_API_KEY to a dev-only key (unless STRIPE_API_KEY is already
 // set: then it only runs the command, which talks to the Stripe that key
