@@ -217,6 +217,9 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		if busy {
 			continue
 		}
+		if err := r.countHand(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Error("relay pass failed", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -538,8 +541,13 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*d
 // attempt at warn, a dead delivery at error, each once, so that a failing
 // destination speaks up in the log and not only in relay list.
 func (r *Relay) note(consumer string, d *delivery) {
+	r.metrics.deliveries.WithLabelValues(consumer, string(d.out.state)).Inc()
+	r.log(consumer, d)
+}
+
+// log logs an attempt whose outcome is recorded, if it failed.
+func (r *Relay) log(consumer string, d *delivery) {
 	o := d.out
-	r.metrics.deliveries.WithLabelValues(consumer, string(o.state)).Inc()
 	args := []any{"consumer", consumer, "change_id", d.change.ID, "subject", d.change.Subject,
 		"attempt", d.attempts + 1}
 	if d.result != "" {
