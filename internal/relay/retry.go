@@ -83,7 +83,6 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 	return r.get(ctx, consumer, changeID)
 }
 
-
 // handAttemptSQL leaves a hand attempt's outcome for the leader to count
 // (countHand): relay retry is a command, whose counters no one scrapes.
 const handAttemptSQL = `INSERT INTO relay_hand_attempts (consumer, outcome) VALUES ($1, $2)`
