@@ -111,10 +111,13 @@ func (r *Relay) countHand(ctx context.Context) error {
 }
 
 // matchingSQL lists the deliveries relay retry --state runs, by change:
-// older first, so that each subject's go in order.
+// older first, so that each subject's go in order. The states spelled out
+// beside $2 are for a generic plan, which cannot see that $2 is a rare
+// state: it read every delivery of a million (300 ms), and with them reads
+// relay_deliveries_state's entries of the state (12 ms for 10,000).
 const matchingSQL = `
 SELECT change_id FROM relay_deliveries
-WHERE consumer = $1 AND state = $2 AND created_at >= $3
+WHERE consumer = $1 AND state IN ('failed', 'dead') AND state = $2 AND created_at >= $3
 ORDER BY change_id`
 
 // RetryFilter says which deliveries RetryMatching runs again.
