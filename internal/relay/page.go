@@ -276,16 +276,26 @@ func (r *Relay) insertOutcomes(ctx context.Context, tx pgx.Tx, consumer string, 
 	nexts, lastErrors, results := make([]*time.Time, n), make([]*string, n), make([]*string, n)
 	now := r.now()
 	for i, t := range outcomes {
-		body, err := marshalChange(t.change)
-		if err != nil {
-			return err
-		}
-		ids[i], subjects[i], keys[i], bodies[i] = t.change.ID, t.change.Subject, t.key, string(body)
+		ids[i], subjects[i], keys[i] = t.change.ID, t.change.Subject, t.key
 		if t.pending {
 			states[i] = string(Pending)
+		} else {
+			t.out = r.outcome(&t.delivery, now)
+		}
+		// The change is kept for what may be sent again (relay retry, the
+		// due query); a delivered one never is, by this release or the
+		// previous, so its row keeps no copy.
+		bodies[i] = "{}"
+		if t.pending || t.out.state != Delivered {
+			body, err := marshalChange(t.change)
+			if err != nil {
+				return err
+			}
+			bodies[i] = string(body)
+		}
+		if t.pending {
 			continue
 		}
-		t.out = r.outcome(&t.delivery, now)
 		o := t.out
 		states[i], attempts[i], nexts[i] = string(o.state), 1, o.next
 		if o.lastError != "" {
