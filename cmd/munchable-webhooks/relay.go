@@ -214,17 +214,26 @@ func listDeliveries(ctx context.Context, environ []string, consumer string, stat
 // errNotDelivered: relay retry ran, and the delivery failed again.
 var errNotDelivered = errors.New("not delivered")
 
-func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout io.Writer) error {
+// commandRelay is the relay as relay retry runs it: built from the
+// service's configuration, its loop not running. closeIt closes its pool.
+func commandRelay(ctx context.Context, environ []string) (r *relay.Relay, closeIt func(), err error) {
 	cfg, err := loadConfig(environ)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
 	if err != nil {
+		return nil, nil, err
+	}
+	return relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil)), pool.Close, nil
+}
+
+func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout io.Writer) error {
+	r, closeIt, err := commandRelay(ctx, environ)
+	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	r := relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil))
+	defer closeIt()
 	d, err := r.Retry(ctx, consumer, changeID)
 	if err != nil {
 		return err
@@ -241,16 +250,11 @@ func retryDelivery(ctx context.Context, environ []string, consumer string, chang
 // retryDeliveries runs relay retry --consumer: every delivery f matches,
 // printed as it now stands, with progress and a summary on stderr.
 func retryDeliveries(ctx context.Context, environ []string, f relay.RetryFilter, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(environ)
+	r, closeIt, err := commandRelay(ctx, environ)
 	if err != nil {
 		return err
 	}
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	r := relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil))
+	defer closeIt()
 	enc := json.NewEncoder(stdout)
 	done := 0
 	sum, err := r.RetryMatching(ctx, f, func(d relay.Delivery, err error) {

@@ -57,10 +57,14 @@ func TestAfterThePreviousRelease(t *testing.T) {
 		return id
 	}
 	a1, b1 := add("a"), add("b")
-	// The previous release's take.
-	page, next, err := ledger.Read(ctx, pool, cursors["test"], 100)
-	if err != nil || len(page) != 2 {
-		t.Fatalf("read %d changes (%v), want 2", len(page), err)
+	// The previous release's take, once both changes are below the read
+	// horizon (another test's open transaction may hold it a moment).
+	var page []ledger.Change
+	var next ledger.Cursor
+	for deadline := time.Now().Add(20 * time.Second); len(page) < 2; time.Sleep(10 * time.Millisecond) {
+		if page, next, err = ledger.Read(ctx, pool, cursors["test"], 100); err != nil || time.Now().After(deadline) {
+			t.Fatalf("read %d changes (%v), want 2", len(page), err)
+		}
 	}
 	var ids []int64
 	var subjects, bodies []string

@@ -168,17 +168,7 @@ func (r *Relay) sendPage(ctx context.Context, fence Fence, c Consumer, items []*
 		}
 		chains[i] = append(chains[i], t)
 	}
-	actx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan *taken)
-	go func() {
-		r.sendChains(actx, c, chains, done)
-		close(done)
-	}()
-	flush := func(last bool) error {
-		if ctx.Err() != nil {
-			return nil // cut short: what is not recorded runs again
-		}
+	return r.sendAndRecord(ctx, c, chains, func(outcomes []*taken, last bool) error {
 		if len(outcomes) == 0 && !last {
 			return nil
 		}
@@ -196,8 +186,35 @@ func (r *Relay) sendPage(ctx context.Context, fence Fence, c Consumer, items []*
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
 		r.noteAll(c.Name, outcomes)
-		outcomes = outcomes[:0]
 		return nil
+	}, outcomes...)
+}
+
+// flushEvery is how often sendAndRecord records the outcomes it has.
+const flushEvery = time.Second
+
+// sendAndRecord sends chains (sendChains) without holding a connection
+// while they wait on the far side, and has record write the outcomes as
+// they come (those given first, then every flush interval's), and once
+// more, last, when every chain is done: a slow or rate-limited
+// destination's first outcomes are on record (and visible) long before
+// the batch's last. Cut short (ctx ended, a record failed), what is not
+// recorded is not recorded: it runs again.
+func (r *Relay) sendAndRecord(ctx context.Context, c Consumer, chains [][]*taken, record func(outcomes []*taken, last bool) error, outcomes ...*taken) error {
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan *taken)
+	go func() {
+		r.sendChains(actx, c, chains, done)
+		close(done)
+	}()
+	flush := func(last bool) error {
+		if ctx.Err() != nil {
+			return nil // cut short: what is not recorded runs again
+		}
+		err := record(outcomes, last)
+		outcomes = outcomes[:0]
+		return err
 	}
 	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()

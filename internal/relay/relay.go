@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -421,78 +420,27 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 	if len(due) == 0 {
 		return 0, nil
 	}
-	actx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan *delivery)
-	go func() {
-		r.attempt(actx, c, due, done)
-		close(done)
-	}()
-	var outcomes []*delivery
-	flush := func() error {
-		if len(outcomes) == 0 || ctx.Err() != nil {
-			return nil // cut short: what is not recorded runs again
+	chains := make([][]*taken, len(due))
+	for i, d := range due {
+		chains[i] = []*taken{{delivery: *d}} // each of another order key
+	}
+	err = r.sendAndRecord(ctx, c, chains, func(outcomes []*taken, _ bool) error {
+		if len(outcomes) == 0 {
+			return nil
 		}
-		err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, outcomes) })
-		if err != nil {
+		ds := make([]*delivery, len(outcomes))
+		for i, t := range outcomes {
+			ds[i] = &t.delivery
+		}
+		if err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, ds) }); err != nil {
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
-		for _, d := range outcomes {
+		for _, d := range ds {
 			r.note(c.Name, d)
 		}
-		outcomes = outcomes[:0]
 		return nil
-	}
-	tick := time.NewTicker(flushEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case d, ok := <-done:
-			if !ok {
-				if err := flush(); err != nil {
-					return len(due), err
-				}
-				return len(due), ctx.Err()
-			}
-			if actx.Err() == nil {
-				outcomes = append(outcomes, d)
-			}
-		case <-tick.C:
-			if err := flush(); err != nil {
-				stop() // the attempts not begun are not begun; those running end
-				for range done {
-				}
-				return len(due), err
-			}
-		}
-	}
-}
-
-// flushEvery is how often deliverDue records the outcomes it has.
-const flushEvery = time.Second
-
-// attempt runs each delivery's attempt, Parallel at a time, and sends
-// each on done as it ends. Once ctx ends it starts no more.
-func (r *Relay) attempt(ctx context.Context, c Consumer, due []*delivery, done chan<- *delivery) {
-	sem := make(chan struct{}, max(c.Parallel, 1))
-	var wg sync.WaitGroup
-	for _, d := range due {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			actx, cancel := context.WithTimeout(ctx, r.timeout)
-			defer cancel()
-			d.result, d.err = c.Destination.Deliver(actx, d.change)
-			done <- d
-		})
-	}
-	wg.Wait()
+	})
+	return len(due), err
 }
 
 // recordSQL writes a batch of outcomes, one statement for the batch. Each

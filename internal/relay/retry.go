@@ -64,8 +64,9 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 	if d.change, err = unmarshalChange(body); err != nil {
 		return Delivery{}, err
 	}
-	done := make(chan *delivery, 1)
-	r.attempt(ctx, c, []*delivery{d}, done)
+	actx, cancel := context.WithTimeout(ctx, r.timeout)
+	d.result, d.err = c.Destination.Deliver(actx, d.change)
+	cancel()
 	if err := ctx.Err(); err != nil {
 		return Delivery{}, err
 	}
