@@ -192,7 +192,7 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 		if err != nil || changeID <= 0 {
 			return cmd.misuse("CHANGE_ID %q: want the change's id, as relay list prints it", pos[1])
 		}
-		return retryDelivery(ctx, environ, pos[0], changeID, stdout)
+		return retryDelivery(ctx, environ, pos[0], changeID, stdout, stderr)
 	}
 	return top.misuse("unknown command %q", args[0])
 }
@@ -215,8 +215,9 @@ func listDeliveries(ctx context.Context, environ []string, consumer string, stat
 var errNotDelivered = errors.New("not delivered")
 
 // commandRelay is the relay as relay retry runs it: built from the
-// service's configuration, its loop not running. closeIt closes its pool.
-func commandRelay(ctx context.Context, environ []string) (r *relay.Relay, closeIt func(), err error) {
+// service's configuration, its loop not running, logging a failed attempt
+// to stderr as the service would. closeIt closes its pool.
+func commandRelay(ctx context.Context, environ []string, stderr io.Writer) (r *relay.Relay, closeIt func(), err error) {
 	cfg, err := loadConfig(environ)
 	if err != nil {
 		return nil, nil, err
@@ -225,11 +226,11 @@ func commandRelay(ctx context.Context, environ []string) (r *relay.Relay, closeI
 	if err != nil {
 		return nil, nil, err
 	}
-	return relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil)), pool.Close, nil
+	return relay.New(cfg.relayConfig(pool, newLogger(stderr, operatorLogLevel(environ, cfg.logLevel)), nil)), pool.Close, nil
 }
 
-func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout io.Writer) error {
-	r, closeIt, err := commandRelay(ctx, environ)
+func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout, stderr io.Writer) error {
+	r, closeIt, err := commandRelay(ctx, environ, stderr)
 	if err != nil {
 		return err
 	}
@@ -250,7 +251,7 @@ func retryDelivery(ctx context.Context, environ []string, consumer string, chang
 // retryDeliveries runs relay retry --consumer: every delivery f matches,
 // printed as it now stands, with progress and a summary on stderr.
 func retryDeliveries(ctx context.Context, environ []string, f relay.RetryFilter, stdout, stderr io.Writer) error {
-	r, closeIt, err := commandRelay(ctx, environ)
+	r, closeIt, err := commandRelay(ctx, environ, stderr)
 	if err != nil {
 		return err
 	}

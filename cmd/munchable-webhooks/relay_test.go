@@ -153,12 +153,17 @@ func TestRelayRetryByState(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var keys []string
+	var failing string // the support message whose forward Resend refuses
 	resend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		keys = append(keys, r.Header.Get("Idempotency-Key"))
 		n := len(keys)
 		mu.Unlock()
+		if strings.HasSuffix(r.Header.Get("Idempotency-Key"), "/"+failing) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = fmt.Fprintf(w, `{"id":"email_%d"}`, n)
 	}))
@@ -167,6 +172,7 @@ func TestRelayRetryByState(t *testing.T) {
 	pool := newPool(t, dbURL)
 	ctx := context.Background()
 	var ids []int64
+	failing = "none"
 	for i := range 4 {
 		id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: fmt.Sprintf("form:%d", i),
 			FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
@@ -236,5 +242,22 @@ VALUES ('forward', $1, $2, $2, $3, 8, 'resend answered 503', $4, now() - $5::int
 	var hand int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_hand_attempts WHERE consumer = 'forward' AND outcome = 'delivered'`).Scan(&hand); err != nil || hand != 2 {
 		t.Errorf("%d hand attempts left for the leader to count (%v), want 2", hand, err)
+	}
+
+	// Resend still refuses the failed one: the retry says so on stderr,
+	// as the service's log would, and exits 1.
+	mu.Lock()
+	failing = fmt.Sprint(ids[3])
+	mu.Unlock()
+	if _, err := pool.Exec(ctx, `UPDATE relay_deliveries SET attempts = 1 WHERE change_id = 13`); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err = runCmd(t, env, "relay", "retry", "--consumer", "forward", "--state", "failed")
+	if !errors.Is(err, errNotDelivered) {
+		t.Errorf("relay retry --state failed with Resend refusing: %v, want errNotDelivered", err)
+	}
+	if !strings.Contains(stderr, `"msg":"relay: delivery attempt failed"`) || !strings.Contains(stderr, `"change_id":13`) ||
+		!strings.Contains(stderr, "1 matched, 1 attempted: 1 failed") {
+		t.Errorf("stderr %q, want the failed attempt's warn line and the summary", stderr)
 	}
 }
