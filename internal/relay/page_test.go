@@ -35,11 +35,7 @@ func TestFenceBeforeSend(t *testing.T) {
 	r := newRig(t, pool, fast)
 	done := make(chan error, 1)
 	go func() { done <- r.relay.Run(context.Background(), fence) }()
-	waitFor(t, "the consumer's row", func() bool {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
-		return n == 1
-	})
+	waitConsumer(t, pool)
 	mu.Lock()
 	leads = false
 	mu.Unlock()
@@ -80,11 +76,7 @@ func TestCutMidPage(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.relay.Run(ctx, nil) }()
 	t.Cleanup(cancel)
-	waitFor(t, "the consumer's row", func() bool {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
-		return n == 1
-	})
+	waitConsumer(t, pool)
 	// One transaction: both changes are in one page.
 	var slow, quick int64
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {

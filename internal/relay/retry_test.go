@@ -47,11 +47,7 @@ func TestRetryMatching(t *testing.T) {
 	observed := make(chan struct{})
 	go func() { r.relay.Observe(ctx, 10*time.Millisecond); close(observed) }()
 	t.Cleanup(func() { cancel(); <-observed })
-	waitFor(t, "the consumer's row", func() bool {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
-		return n == 1
-	})
+	waitConsumer(t, pool)
 	a1 := addChange(t, pool, ledger.KindSupportMessage, "a")
 	a2 := addChange(t, pool, ledger.KindSupportMessage, "a")
 	b1 := addChange(t, pool, ledger.KindSupportMessage, "b")
@@ -163,11 +159,7 @@ func TestFailuresLogged(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- rl.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "the consumer's row", func() bool {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
-		return n == 1
-	})
+	waitConsumer(t, pool)
 	down := addChange(t, pool, ledger.KindSupportMessage, "down")
 	refused := addChange(t, pool, ledger.KindSupportMessage, "refused")
 	ok := addChange(t, pool, ledger.KindSupportMessage, "ok")
