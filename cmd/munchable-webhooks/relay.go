@@ -122,7 +122,7 @@ const relayUsage = `usage: munchable-webhooks relay COMMAND [flags] ARGS
 
 Reads and retries the relay's deliveries (relay_deliveries in DATABASE_URL):
 one row per consumer (forward: support messages to SUPPORT_FORWARD_TO;
-app_webhook: changes to the app) and change it took.
+app_webhook: changes to the app) and change it sent or holds back.
 
 commands:
   list [--consumer C] [--state S]
