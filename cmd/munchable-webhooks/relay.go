@@ -121,7 +121,7 @@ const relayUsage = `usage: munchable-webhooks relay COMMAND [flags] ARGS
 
 Reads and retries the relay's deliveries (relay_deliveries in DATABASE_URL):
 one row per consumer (forward: support messages to SUPPORT_FORWARD_TO;
-app_webhook: changes to the app) and change it took.
+app_webhook: changes to the app) and change it sent or holds back.
 
 commands:
   list [--consumer C] [--state S]
@@ -131,7 +131,18 @@ commands:
                            identity as its first try (Resend's Idempotency-Key, the
                            webhook-id); needs the service's configuration; prints the
                            delivery as it now stands; exit 1 unless it was delivered
-                           (or skipped)`
+                           (or skipped)
+  retry --consumer C --state S [--since D] [--rate N]
+                           run every failed or dead delivery of C again (S: failed or
+                           dead; taken within D, a DURATION such as 72h or an RFC 3339
+                           time), by change so each subject in order, N a second; one
+                           JSON line per delivery as it now stands, progress and a
+                           summary on stderr; stops after 10 failures in a row; exit 1
+                           unless every one was delivered (or skipped)
+
+A change delivered at its first try has one row, delivered, kept for
+EVENTS_RETENTION like every finished delivery; failed, dead and pending
+ones are kept until they are delivered.`
 
 func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	top := newCommand("relay", relayUsage, stdout, stderr)
@@ -154,15 +165,33 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 		}
 		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout, stderr)
 	case "retry":
-		pos, err := cmd.parse(args[1:], 2)
+		var f relay.RetryFilter
+		var state, since string
+		cmd.flags.StringVar(&f.Consumer, "consumer", "", "retry every matching delivery of this consumer")
+		cmd.flags.StringVar(&state, "state", "", "with --consumer: failed or dead")
+		cmd.flags.StringVar(&since, "since", "", "with --consumer: only deliveries taken within this `DURATION` (such as 72h) or since this RFC 3339 time")
+		cmd.flags.Float64Var(&f.Rate, "rate", 10, "with --consumer: attempts a second at most")
+		pos, err := cmd.parse(args[1:], -1)
 		if err != nil {
 			return err
+		}
+		if f.Consumer != "" || state != "" {
+			if len(pos) != 0 {
+				return cmd.misuse("want CONSUMER CHANGE_ID or --consumer C --state S, not both")
+			}
+			if err := f.Parse(state, since, time.Now()); err != nil {
+				return cmd.misuse("%v", err)
+			}
+			return retryDeliveries(ctx, environ, f, stdout, stderr)
+		}
+		if len(pos) != 2 {
+			return cmd.misuse("want CONSUMER CHANGE_ID, or --consumer C --state S")
 		}
 		changeID, err := strconv.ParseInt(pos[1], 10, 64)
 		if err != nil || changeID <= 0 {
 			return cmd.misuse("CHANGE_ID %q: want the change's id, as relay list prints it", pos[1])
 		}
-		return retryDelivery(ctx, environ, pos[0], changeID, stdout)
+		return retryDelivery(ctx, environ, pos[0], changeID, stdout, stderr)
 	}
 	return top.misuse("unknown command %q", args[0])
 }
@@ -193,17 +222,27 @@ func listDeliveries(ctx context.Context, environ []string, consumer string, stat
 // errNotDelivered: relay retry ran, and the delivery failed again.
 var errNotDelivered = errors.New("not delivered")
 
-func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout io.Writer) error {
+// commandRelay is the relay as relay retry runs it: built from the
+// service's configuration, its loop not running, logging a failed attempt
+// to stderr as the service would. closeIt closes its pool.
+func commandRelay(ctx context.Context, environ []string, stderr io.Writer) (r *relay.Relay, closeIt func(), err error) {
 	cfg, err := loadConfig(environ)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
 	if err != nil {
+		return nil, nil, err
+	}
+	return relay.New(cfg.relayConfig(pool, newLogger(stderr, operatorLogLevel(environ, cfg.logLevel)), nil)), pool.Close, nil
+}
+
+func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout, stderr io.Writer) error {
+	r, closeIt, err := commandRelay(ctx, environ, stderr)
+	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	r := relay.New(cfg.relayConfig(pool, newLogger(io.Discard, slog.LevelError), nil))
+	defer closeIt()
 	d, err := r.Retry(ctx, consumer, changeID)
 	if err != nil {
 		return err
@@ -215,4 +254,50 @@ func retryDelivery(ctx context.Context, environ []string, consumer string, chang
 		return fmt.Errorf("relay retry %s %d: %s: %w", consumer, changeID, d.State, errNotDelivered)
 	}
 	return nil
+}
+
+// retryDeliveries runs relay retry --consumer: every delivery f matches,
+// printed as it now stands, with progress and a summary on stderr.
+func retryDeliveries(ctx context.Context, environ []string, f relay.RetryFilter, stdout, stderr io.Writer) error {
+	r, closeIt, err := commandRelay(ctx, environ, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeIt()
+	enc := jsonLines(stdout)
+	done := 0
+	sum, err := r.RetryMatching(ctx, f, func(d relay.Delivery, err error) {
+		done++
+		if err != nil {
+			fmt.Fprintf(stderr, "relay retry: change %d: %v\n", d.ChangeID, err)
+			return
+		}
+		_ = enc.Encode(d)
+		if done%100 == 0 {
+			fmt.Fprintf(stderr, "relay retry: %d done\n", done)
+		}
+	})
+	fmt.Fprintf(stderr, "relay retry %s --state %s: %d matched, %d attempted: %s; %d left waiting for an older change of their subject\n",
+		f.Consumer, f.State, sum.Matched, sum.Attempted, summaryStates(sum.States), sum.Waiting)
+	if err != nil {
+		return err
+	}
+	if sum.Attempted != sum.States[relay.Delivered]+sum.States[relay.Skipped] || sum.Waiting > 0 {
+		return fmt.Errorf("relay retry %s --state %s: %w", f.Consumer, f.State, errNotDelivered)
+	}
+	return nil
+}
+
+// summaryStates prints a summary's counts by state, in a delivery's order.
+func summaryStates(states map[relay.State]int) string {
+	var parts []string
+	for _, s := range relay.States {
+		if n := states[s]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -31,6 +31,11 @@ func TestRelayCommandLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"relay"}, {"relay", "purge"}, {"relay", "list", "--state", "lost"}, {"relay", "list", "extra"},
 		{"relay", "retry", "forward"}, {"relay", "retry", "forward", "x"}, {"relay", "retry", "forward", "0"},
+		{"relay", "retry", "--consumer", "forward"}, {"relay", "retry", "--state", "dead"},
+		{"relay", "retry", "--consumer", "forward", "--state", "delivered"},
+		{"relay", "retry", "--consumer", "forward", "--state", "dead", "--since", "yesterday"},
+		{"relay", "retry", "--consumer", "forward", "--state", "dead", "--rate", "0"},
+		{"relay", "retry", "--consumer", "forward", "--state", "dead", "forward", "7"},
 	} {
 		if err := wantUsage(t, env, args, "stderr"); !errors.Is(err, errUsage) {
 			t.Errorf("%q: err = %v, want a usage error", args, err)
@@ -139,5 +144,121 @@ VALUES ('forward', 7, $1, $1, 'dead', 8, 'resend answered 503', $2)`, fmt.Sprint
 	// stdout holds JSON lines only; stderr says the list was read.
 	if out, stderr, err := runCmd(t, env, "relay", "list", "--state", "dead"); err != nil || out != "" || stderr != "0 deliveries\n" {
 		t.Errorf("relay list --state dead after the retry = %q, stderr %q, %v; want nothing and 0 deliveries", out, stderr, err)
+	}
+}
+
+// TestRelayRetryByState: relay retry --consumer --state dead sends every
+// dead forward again, older changes first, leaves the failed one and those
+// taken before --since alone, and prints each and a summary.
+func TestRelayRetryByState(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	var failing string // the support message whose forward Resend refuses
+	resend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		n := len(keys)
+		mu.Unlock()
+		if strings.HasSuffix(r.Header.Get("Idempotency-Key"), "/"+failing) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"email_%d"}`, n)
+	}))
+	t.Cleanup(resend.Close)
+	dbURL := dbtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	ctx := context.Background()
+	var ids []int64
+	failing = "none"
+	for i := range 4 {
+		id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: fmt.Sprintf("form:%d", i),
+			FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	// Changes 11 and 12 dead this weekend, 13 failed, 10 dead a month ago.
+	for i, row := range []struct {
+		change int64
+		state  string
+		age    string
+	}{{10, "dead", "30 days"}, {11, "dead", "2 days"}, {12, "dead", "1 day"}, {13, "failed", "1 hour"}} {
+		change := fmt.Sprintf(`{"id":%d,"kind":"support_message","subject":"%d","after":{"id":%d}}`, row.change, ids[i], ids[i])
+		if _, err := pool.Exec(ctx, `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, last_error, change, created_at, next_attempt_at)
+VALUES ('forward', $1, $2, $2, $3, 8, 'resend answered 503', $4, now() - $5::interval, now() + interval '1 hour')`,
+			row.change, fmt.Sprint(ids[i]), row.state, change, row.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := validEnv()
+	env["DATABASE_URL"] = dbURL
+	env["RESEND_API_URL"] = resend.URL
+	env["SUPPORT_FORWARD_TO"] = "team@munchable.app"
+	env["SUPPORT_FORWARD_FROM"] = "support-forward@munchable.app"
+
+	out, stderr, err := runCmd(t, env, "relay", "retry", "--consumer", "forward", "--state", "dead", "--since", "72h", "--rate", "50")
+	if err != nil {
+		t.Fatalf("relay retry --state dead: %v\n%s", err, stderr)
+	}
+	var got []int64
+	for line := range strings.Lines(out) {
+		var d relay.Delivery
+		if err := json.Unmarshal([]byte(line), &d); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if d.State != relay.Delivered {
+			t.Errorf("change %d: %s, want delivered", d.ChangeID, d.State)
+		}
+		got = append(got, d.ChangeID)
+	}
+	if want := []int64{11, 12}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("retried %v, want %v", got, want)
+	}
+	if !strings.Contains(stderr, "2 matched, 2 attempted: 2 delivered") {
+		t.Errorf("summary %q, want 2 matched, 2 attempted: 2 delivered", stderr)
+	}
+	mu.Lock()
+	if want := []string{fmt.Sprintf("support-message/%d", ids[1]), fmt.Sprintf("support-message/%d", ids[2])}; fmt.Sprint(keys) != fmt.Sprint(want) {
+		t.Errorf("Idempotency-Keys sent = %q, want %q", keys, want)
+	}
+	mu.Unlock()
+	var states []string
+	rows, err := pool.Query(ctx, `SELECT state FROM relay_deliveries ORDER BY change_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		_ = rows.Scan(&s)
+		states = append(states, s)
+	}
+	if want := "[dead delivered delivered failed]"; fmt.Sprint(states) != want {
+		t.Errorf("states %v, want %s", states, want)
+	}
+	var hand int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_hand_attempts WHERE consumer = 'forward' AND outcome = 'delivered'`).Scan(&hand); err != nil || hand != 2 {
+		t.Errorf("%d hand attempts left for the leader to count (%v), want 2", hand, err)
+	}
+
+	// Resend still refuses the failed one: the retry says so on stderr,
+	// as the service's log would, and exits 1.
+	mu.Lock()
+	failing = fmt.Sprint(ids[3])
+	mu.Unlock()
+	if _, err := pool.Exec(ctx, `UPDATE relay_deliveries SET attempts = 1 WHERE change_id = 13`); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err = runCmd(t, env, "relay", "retry", "--consumer", "forward", "--state", "failed")
+	if !errors.Is(err, errNotDelivered) {
+		t.Errorf("relay retry --state failed with Resend refusing: %v, want errNotDelivered", err)
+	}
+	if !strings.Contains(stderr, `"msg":"relay: delivery attempt failed"`) || !strings.Contains(stderr, `"change_id":13`) ||
+		!strings.Contains(stderr, "1 matched, 1 attempted: 1 failed") {
+		t.Errorf("stderr %q, want the failed attempt's warn line and the summary", stderr)
 	}
 }

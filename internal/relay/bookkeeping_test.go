@@ -46,7 +46,7 @@ func TestBookkeepingReadsTheBatchNotTheHistory(t *testing.T) {
 			bodies[i] = fmt.Sprintf(`{"id":%d,"kind":"subscription","subject":"sub_%d","at":"2026-12-05T00:00:00Z"}`, next, next)
 			next++
 		}
-		if _, err := pool.Exec(ctx, insertSQL, AppWebhookConsumer, ids, subjects, subjects, bodies); err != nil {
+		if _, err := pool.Exec(ctx, pendingSQL, AppWebhookConsumer, ids, subjects, subjects, bodies); err != nil {
 			t.Fatal(err)
 		}
 		var outcomes []*delivery
@@ -101,6 +101,14 @@ SELECT $1, g, 'sub_' || g, 'sub_' || g, 'delivered', 1, '{}', now() FROM generat
 		t.Errorf("with 51,100 deliveries, %d of them open: the due query read %d rows and the record %d; want at most %d each", batch, due, record, bound)
 	}
 }
+
+// pendingSQL records changes as pending and due now, as a change that
+// waits for an older one of its order key is (and as the previous release
+// recorded every change it took).
+const pendingSQL = `
+INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, next_attempt_at, change)
+SELECT $1, t.id, t.subject, t.key, 'pending', 0, now(), t.change
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::jsonb[]) AS t(id, subject, key, change)`
 
 // readIn runs fn in a transaction and returns the rows it read from
 // relay_deliveries and its indexes (a row read through an index counts

@@ -99,72 +99,6 @@ func nullable(s string) *string {
 	return &s
 }
 
-// Errors of Retry.
-var (
-	ErrNoDelivery    = errors.New("no such delivery")
-	ErrNotRetryable  = errors.New("only a failed or dead delivery is retried")
-	ErrWaiting       = errors.New("an older change of the same subject is not delivered yet")
-	ErrNotConfigured = errors.New("consumer not configured here")
-)
-
-// holdSQL takes a failed or dead delivery for a retry by hand: its next
-// attempt moves past this attempt's deadline, so that the relay's loop
-// does not run it alongside. It returns nothing for a delivery in another
-// state, or one with an older open delivery of its order key.
-const (
-	holdSQL = `
-UPDATE relay_deliveries d SET next_attempt_at = now() + make_interval(secs => $3::float8)
-WHERE d.consumer = $1 AND d.change_id = $2 AND d.state IN ('failed', 'dead')
-  AND NOT EXISTS (
-    SELECT 1 FROM relay_deliveries o
-    WHERE o.consumer = d.consumer AND o.order_key = d.order_key AND o.change_id < d.change_id
-      AND o.state IN ('pending', 'failed'))
-RETURNING d.attempts, d.change`
-	getSQL = `SELECT ` + deliveryColumns + ` FROM relay_deliveries WHERE consumer = $1 AND change_id = $2`
-)
-
-// Retry runs a failed or dead delivery again at once, records its outcome
-// as the loop would (a failure is retried on the schedule, or stays dead
-// once the schedule has run out) and returns the delivery as it now
-// stands. It repeats the delivery's identity, like any retry. It runs
-// outside the leader (relay retry is a command), with no fence: the loop
-// leaves the delivery alone while it runs (holdSQL).
-func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Delivery, error) {
-	c, ok := r.consumer(consumer)
-	if !ok {
-		return Delivery{}, fmt.Errorf("retry %s %d: %w", consumer, changeID, ErrNotConfigured)
-	}
-	d := &delivery{}
-	var body []byte
-	err := r.pool.QueryRow(ctx, holdSQL, consumer, changeID, r.timeout.Seconds()).Scan(&d.attempts, &body)
-	if errors.Is(err, pgx.ErrNoRows) {
-		cur, err := r.get(ctx, consumer, changeID)
-		switch {
-		case err != nil:
-			return Delivery{}, err
-		case cur.State == Failed || cur.State == Dead:
-			return cur, fmt.Errorf("retry %s %d: %w", consumer, changeID, ErrWaiting)
-		default:
-			return cur, fmt.Errorf("retry %s %d is %s: %w", consumer, changeID, cur.State, ErrNotRetryable)
-		}
-	}
-	if err != nil {
-		return Delivery{}, fmt.Errorf("retry %s %d: %w", consumer, changeID, err)
-	}
-	if d.change, err = unmarshalChange(body); err != nil {
-		return Delivery{}, err
-	}
-	done := make(chan *delivery, 1)
-	r.attempt(ctx, c, []*delivery{d}, done)
-	if err := ctx.Err(); err != nil {
-		return Delivery{}, err
-	}
-	if err := r.inTx(ctx, nil, func(tx pgx.Tx) error { return r.record(ctx, tx, consumer, []*delivery{d}) }); err != nil {
-		return Delivery{}, fmt.Errorf("retry %s %d: record: %w", consumer, changeID, err)
-	}
-	return r.get(ctx, consumer, changeID)
-}
-
 func (r *Relay) get(ctx context.Context, consumer string, changeID int64) (Delivery, error) {
 	rows, err := r.pool.Query(ctx, getSQL, consumer, changeID)
 	if err != nil {
@@ -185,6 +119,7 @@ type metrics struct {
 	deliveries    *prometheus.CounterVec
 	gaps          *prometheus.CounterVec
 	oldestPending *prometheus.GaugeVec
+	dead          *prometheus.GaugeVec
 	horizonLag    prometheus.Gauge
 }
 
@@ -202,6 +137,10 @@ func newMetrics(reg prometheus.Registerer, consumers []string) *metrics {
 			Name: "relay_oldest_pending_seconds",
 			Help: "Age of the consumer's oldest delivery not yet delivered, dead or skipped (0: none).",
 		}, []string{"consumer"}),
+		dead: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relay_dead_deliveries",
+			Help: "Deliveries of the consumer that are dead: given up on until relay retry runs them again.",
+		}, []string{"consumer"}),
 		horizonLag: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "changes_horizon_lag_seconds",
 			Help: "How long the change feed's read horizon has been held back by one open transaction (0: not held).",
@@ -210,21 +149,24 @@ func newMetrics(reg prometheus.Registerer, consumers []string) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	reg.MustRegister(m.deliveries, m.gaps, m.oldestPending, m.horizonLag)
+	reg.MustRegister(m.deliveries, m.gaps, m.oldestPending, m.dead, m.horizonLag)
 	for _, c := range consumers {
 		for _, s := range []State{Delivered, Failed, Dead, Skipped} {
 			m.deliveries.WithLabelValues(c, string(s))
 		}
 		m.gaps.WithLabelValues(c)
 		m.oldestPending.WithLabelValues(c)
+		m.dead.WithLabelValues(c)
 	}
 	return m
 }
 
 // oldestSQL is the age of each consumer's oldest open delivery, from when
-// the relay took it.
+// the relay took it, and how many of its deliveries are dead (a count of
+// relay_deliveries_state's entries).
 const oldestSQL = `
-SELECT c, coalesce(extract(epoch FROM now() - min(d.created_at)), 0)::float8
+SELECT c, coalesce(extract(epoch FROM now() - min(d.created_at)), 0)::float8,
+    (SELECT count(*) FROM relay_deliveries x WHERE x.consumer = c AND x.state = 'dead')::float8
 FROM unnest($1::text[]) c
 LEFT JOIN relay_deliveries d ON d.consumer = c AND d.state IN ('pending', 'failed')
 GROUP BY c`
@@ -257,9 +199,10 @@ func (r *Relay) observe(ctx context.Context, watch *ledger.HorizonWatch) error {
 		return fmt.Errorf("oldest pending: %w", err)
 	}
 	var name string
-	var age float64
-	_, err = pgx.ForEachRow(rows, []any{&name, &age}, func() error {
+	var age, dead float64
+	_, err = pgx.ForEachRow(rows, []any{&name, &age, &dead}, func() error {
 		r.metrics.oldestPending.WithLabelValues(name).Set(age)
+		r.metrics.dead.WithLabelValues(name).Set(dead)
 		return nil
 	})
 	if err != nil {

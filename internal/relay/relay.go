@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -217,6 +216,9 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		if busy {
 			continue
 		}
+		if err := r.countHand(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Error("relay pass failed", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -346,60 +348,6 @@ func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[s
 	return took == r.batch || ran == r.batch, nil
 }
 
-// insertSQL records the changes a consumer takes, as pending and due now,
-// in one statement; a change already taken (a pass that failed after it)
-// stays as it is.
-const (
-	insertSQL = `
-INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, next_attempt_at, change)
-SELECT $1, t.id, t.subject, t.key, 'pending', 0, now(), t.change
-FROM unnest($2::bigint[], $3::text[], $4::text[], $5::jsonb[]) AS t(id, subject, key, change)
-ON CONFLICT (consumer, change_id) DO NOTHING`
-	moveSQL = `UPDATE feed_consumers SET cursor = $2, floor = $3::text::xid8, updated_at = now() WHERE name = $1`
-)
-
-// take reads a page of the feed after cur and records the changes c
-// wants, moving its cursor in the same transaction. It returns how many
-// changes the page held and the cursor after them.
-func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor) (int, ledger.Cursor, error) {
-	page, next, err := ledger.Read(ctx, r.pool, cur, r.batch)
-	if err != nil {
-		return 0, cur, err
-	}
-	if next.String() == cur.String() {
-		return 0, cur, nil // nothing new, not even the horizon
-	}
-	var ids []int64
-	// The bodies go as text: in the exec and simple protocol modes that a
-	// transaction pooler needs, pgx would send [][]byte as bytea[], which
-	// does not cast to jsonb[].
-	var subjects, keys, bodies []string
-	for _, ch := range page {
-		if !slices.Contains(c.Kinds, ch.Kind) {
-			continue
-		}
-		body, err := marshalChange(ch)
-		if err != nil {
-			return 0, cur, err
-		}
-		ids, subjects, bodies = append(ids, ch.ID), append(subjects, ch.Subject), append(bodies, string(body))
-		keys = append(keys, c.orderKey(ch))
-	}
-	err = r.inTx(ctx, fence, func(tx pgx.Tx) error {
-		if len(ids) > 0 {
-			if _, err := tx.Exec(ctx, insertSQL, c.Name, ids, subjects, keys, bodies); err != nil {
-				return fmt.Errorf("record deliveries: %w", err)
-			}
-		}
-		_, err := tx.Exec(ctx, moveSQL, c.Name, next.String(), fmt.Sprint(next.Floor()))
-		return err
-	})
-	if err != nil {
-		return 0, cur, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
-	}
-	return len(page), next, nil
-}
-
 // dueSQL finds the deliveries to run now: open, due, and with no older
 // open delivery of the same order key (which would have to go first). The
 // partial index on open deliveries serves both sides. Its shape keeps the
@@ -424,6 +372,7 @@ type delivery struct {
 	attempts int // before this attempt
 	result   string
 	err      error
+	out      outcome // as recorded
 }
 
 // deliverDue runs the consumer's due deliveries, Parallel at a time (each
@@ -453,75 +402,27 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 	if len(due) == 0 {
 		return 0, nil
 	}
-	actx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan *delivery)
-	go func() {
-		r.attempt(actx, c, due, done)
-		close(done)
-	}()
-	var outcomes []*delivery
-	flush := func() error {
-		if len(outcomes) == 0 || ctx.Err() != nil {
-			return nil // cut short: what is not recorded runs again
+	chains := make([][]*taken, len(due))
+	for i, d := range due {
+		chains[i] = []*taken{{delivery: *d}} // each of another order key
+	}
+	err = r.sendAndRecord(ctx, c, chains, func(outcomes []*taken, _ bool) error {
+		if len(outcomes) == 0 {
+			return nil
 		}
-		err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, outcomes) })
-		outcomes = outcomes[:0]
-		if err != nil {
+		ds := make([]*delivery, len(outcomes))
+		for i, t := range outcomes {
+			ds[i] = &t.delivery
+		}
+		if err := r.inTx(ctx, fence, func(tx pgx.Tx) error { return r.record(ctx, tx, c.Name, ds) }); err != nil {
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
+		for _, d := range ds {
+			r.note(c.Name, d)
+		}
 		return nil
-	}
-	tick := time.NewTicker(flushEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case d, ok := <-done:
-			if !ok {
-				if err := flush(); err != nil {
-					return len(due), err
-				}
-				return len(due), ctx.Err()
-			}
-			if actx.Err() == nil {
-				outcomes = append(outcomes, d)
-			}
-		case <-tick.C:
-			if err := flush(); err != nil {
-				stop() // the attempts not begun are not begun; those running end
-				for range done {
-				}
-				return len(due), err
-			}
-		}
-	}
-}
-
-// flushEvery is how often deliverDue records the outcomes it has.
-const flushEvery = time.Second
-
-// attempt runs each delivery's attempt, Parallel at a time, and sends
-// each on done as it ends. Once ctx ends it starts no more.
-func (r *Relay) attempt(ctx context.Context, c Consumer, due []*delivery, done chan<- *delivery) {
-	sem := make(chan struct{}, max(c.Parallel, 1))
-	var wg sync.WaitGroup
-	for _, d := range due {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			actx, cancel := context.WithTimeout(ctx, r.timeout)
-			defer cancel()
-			d.result, d.err = c.Destination.Deliver(actx, d.change)
-			done <- d
-		})
-	}
-	wg.Wait()
+	})
+	return len(due), err
 }
 
 // recordSQL writes a batch of outcomes, one statement for the batch. Each
@@ -544,14 +445,16 @@ FROM (
 ) o
 WHERE d.ctid = o.row`
 
-// record writes the outcomes of due and counts them.
+// record writes the outcomes of due (each d.out); note logs and counts
+// them once the transaction has committed.
 func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*delivery) error {
 	n := len(due)
 	ids, states := make([]int64, n), make([]string, n)
 	nexts, lastErrors, results := make([]*time.Time, n), make([]*string, n), make([]*string, n)
 	now := r.now()
 	for i, d := range due {
-		o := r.outcome(d, now)
+		d.out = r.outcome(d, now)
+		o := d.out
 		ids[i], states[i], nexts[i] = d.change.ID, string(o.state), o.next
 		if o.lastError != "" {
 			lastErrors[i] = &o.lastError
@@ -560,13 +463,34 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*d
 			results[i] = &d.result
 		}
 	}
-	if _, err := tx.Exec(ctx, recordSQL, r.batchArgs(consumer, ids, states, nexts, lastErrors, results)...); err != nil {
-		return err
+	_, err := tx.Exec(ctx, recordSQL, r.batchArgs(consumer, ids, states, nexts, lastErrors, results)...)
+	return err
+}
+
+// note logs and counts an attempt whose outcome is recorded: a failed
+// attempt at warn, a dead delivery at error, each once, so that a failing
+// destination speaks up in the log and not only in relay list.
+func (r *Relay) note(consumer string, d *delivery) {
+	r.metrics.deliveries.WithLabelValues(consumer, string(d.out.state)).Inc()
+	r.log(consumer, d)
+}
+
+// log logs an attempt whose outcome is recorded, if it failed.
+func (r *Relay) log(consumer string, d *delivery) {
+	o := d.out
+	args := []any{"consumer", consumer, "change_id", d.change.ID, "subject", d.change.Subject,
+		"attempt", d.attempts + 1}
+	if d.result != "" {
+		args = append(args, "answer", d.result)
 	}
-	for _, s := range states {
-		r.metrics.deliveries.WithLabelValues(consumer, s).Inc()
+	switch o.state {
+	case Failed:
+		args = append(args, "err", d.err, "next_attempt_at", *o.next)
+		r.logger.Warn("relay: delivery attempt failed", args...)
+	case Dead:
+		args = append(args, "err", d.err)
+		r.logger.Error("relay: delivery dead: no more attempts; relay retry runs it again", args...)
 	}
-	return nil
 }
 
 // State is a delivery's state in relay_deliveries.

@@ -149,6 +149,36 @@ func waitState(t *testing.T, pool *pgxpool.Pool, id int64, want relay.State) rel
 	return got
 }
 
+// waitConsumer waits for the relay to have placed its one consumer.
+func waitConsumer(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	waitFor(t, "the consumer's row", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM feed_consumers`).Scan(&n)
+		return n == 1
+	})
+}
+
+// failUntilMended makes the rig's destination fail subject's changes
+// (a 503) until mend is called.
+func failUntilMended(r *rig, subject string) (mend func()) {
+	var mu sync.Mutex
+	failing := true
+	r.dest.set(subject, func(int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing {
+			return errors.New("503")
+		}
+		return nil
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		failing = false
+	}
+}
+
 func TestOutcomes(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
@@ -606,5 +636,31 @@ func TestParallelNeverTwoOfASubject(t *testing.T) {
 		if !slices.Equal(dest.order[subject], ids) {
 			t.Errorf("%s delivered as %v, want %v", subject, dest.order[subject], ids)
 		}
+	}
+}
+
+// TestOrderAcrossPages: a change that comes after an older one of its
+// subject failed, in a later read of the feed, is recorded pending and
+// not sent until the older one is delivered.
+func TestOrderAcrossPages(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	r := newRig(t, pool, slices.Repeat([]time.Duration{10 * time.Millisecond}, 100000))
+	mend := failUntilMended(r, "thread-a")
+	r.start(t, nil)
+	waitConsumer(t, pool)
+	a1 := addChange(t, pool, ledger.KindSupportMessage, "thread-a")
+	waitFor(t, "a1 to fail", func() bool { return deliveries(t, pool)[a1].State == relay.Failed })
+	a2 := addChange(t, pool, ledger.KindSupportMessage, "thread-a")
+	b1 := addChange(t, pool, ledger.KindSupportMessage, "thread-b")
+	waitState(t, pool, b1, relay.Delivered)
+	waitFor(t, "a1 to fail again", func() bool { return deliveries(t, pool)[a1].Attempts >= 3 })
+	if got := deliveries(t, pool)[a2]; got.State != relay.Pending || got.Attempts != 0 {
+		t.Fatalf("a2 while a1 fails: %s after %d attempts, want pending, never tried", got.State, got.Attempts)
+	}
+	mend()
+	waitState(t, pool, a2, relay.Delivered)
+	if got := deliveries(t, pool)[a1]; got.State != relay.Delivered {
+		t.Errorf("a1 %s, want delivered", got.State)
 	}
 }

@@ -120,8 +120,11 @@ func (c *comparison) render(w io.Writer) {
 		fmt.Fprintf(w, "With the app's webhook on, the service sent every change to examples/appreceiver (at nice 19, not counted in our CPU); "+
 			"by the end of the run the relay had delivered %d of the %d changes it took (%d still pending or failed), "+
 			"each a median of %s after its change committed (p99 %s). "+
-			"Each of its runs ends when the relay has sent every change: its CPU holds the webhooks its deliveries caused, its latencies only the load's time.\n\n",
-			c.relayed.delivered, c.relayed.taken, c.relayed.taken-c.relayed.delivered, c.relayed.lagP50.Round(time.Millisecond), c.relayed.lagP99.Round(time.Millisecond))
+			"Each of its runs ends when the relay has sent every change: its CPU holds the webhooks its deliveries caused, its latencies only the load's time.\n\n"+
+			"Tuples of the relay's tables (relay_deliveries, feed_consumers) written a change delivered, as Postgres counted them over the whole run "+
+			"(inserted %d, updated %d, deleted %d): **%.3f**.\n\n",
+			c.relayed.delivered, c.relayed.taken, c.relayed.taken-c.relayed.delivered, c.relayed.lagP50.Round(time.Millisecond), c.relayed.lagP99.Round(time.Millisecond),
+			c.relayed.ins, c.relayed.upd, c.relayed.del, float64(c.relayed.ins+c.relayed.upd+c.relayed.del)/float64(max(c.relayed.delivered, 1)))
 	}
 	change := func(a, b float64) string { return fmt.Sprintf("%+.0f %%", 100*(a/b-1)) }
 	for mode, title := range []string{"At saturation", fmt.Sprintf("At a fixed %s requests a second", rps(float64(c.o.rate)))} {
@@ -143,7 +146,9 @@ func (c *comparison) render(w io.Writer) {
 				fmt.Sprintf("%.2f", r.per(pgStatements)), fmt.Sprintf("%.2f", r.per(pgPlans)), fmt.Sprintf("%.2f", r.per(roundTrips))})
 		}
 		this, other := builds[0], builds[1]
-		rows = append(rows, []string{"change", change(this.throughput(), other.throughput()), "", "",
+		ratio := func(a, b time.Duration) string { return fmt.Sprintf("x%.2f", float64(a)/float64(b)) }
+		rows = append(rows, []string{"change", change(this.throughput(), other.throughput()),
+			ratio(this.percentile(.5), other.percentile(.5)), ratio(this.percentile(.99), other.percentile(.99)),
 			change(this.per(targetCPU), other.per(targetCPU)), change(deliveryCPU(this), deliveryCPU(other)),
 			change(this.per(allCPU), other.per(allCPU)), "", "", ""})
 		var relayNote string
@@ -244,6 +249,8 @@ SELECT coalesce((SELECT max(change_id) FROM relay_deliveries WHERE consumer = 'a
 type relayed struct {
 	taken, delivered int
 	lagP50, lagP99   time.Duration
+	// ins, upd, del are the tuples the relay wrote to its tables.
+	ins, upd, del int64
 }
 
 func (h *harness) relayedSoFar(ctx context.Context) (*relayed, error) {
@@ -264,6 +271,19 @@ FROM relay_deliveries d JOIN changes c ON c.id = d.change_id`).Scan(&r.taken, &r
 	}
 	if p50 != nil && p99 != nil {
 		r.lagP50, r.lagP99 = time.Duration(*p50*float64(time.Second)), time.Duration(*p99*float64(time.Second))
+	}
+	// A backend reports its counts once idle for a second, or at the
+	// latest after 10 s (Postgres 15 on): the relay is idle now.
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(11 * time.Second):
+	}
+	err = conn.QueryRow(ctx, `
+SELECT coalesce(sum(n_tup_ins), 0)::bigint, coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_del), 0)::bigint
+FROM pg_stat_user_tables WHERE relname IN ('relay_deliveries', 'feed_consumers')`).Scan(&r.ins, &r.upd, &r.del)
+	if err != nil {
+		return nil, fmt.Errorf("the relay's tuples: %w", err)
 	}
 	return &r, nil
 }

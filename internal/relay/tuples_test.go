@@ -1,0 +1,95 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/relay"
+)
+
+// TestTuplesPerDeliveredChange delivers 300 changes, arriving over about
+// a second as a busy feed's do, to a destination that takes each at once,
+// and counts the tuples the relay wrote to its tables (relay_deliveries
+// and feed_consumers: inserted, updated, deleted), as Postgres counts
+// them. A delivered change costs at most one row, written in a batch, and
+// the cursor moves once a page: at most 1.1 tuples a change. Inserting
+// each change as pending and updating it once delivered cost 2.05.
+func TestTuplesPerDeliveredChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// The changes are written over a connection of their own, so that the
+	// relay's pool holds only the relay's backends.
+	feed, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(feed.Close)
+
+	dest := newScript()
+	r := relay.New(relay.Config{
+		Pool: pool,
+		Consumers: []relay.Consumer{{Name: "test", Kinds: []string{ledger.KindSupportMessage},
+			Destination: dest, Parallel: relay.AppWebhookParallel}},
+		Poll: 100 * time.Millisecond,
+	})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx, nil) }()
+	waitFor(t, "the consumer's row", func() bool {
+		var n int
+		_ = feed.QueryRow(ctx, `SELECT count(*) FROM feed_consumers`).Scan(&n)
+		return n == 1
+	})
+	const changes = 300
+	for i := range changes {
+		addChange(t, feed, ledger.KindSupportMessage, fmt.Sprintf("subject-%d", i%50))
+		time.Sleep(3 * time.Millisecond)
+	}
+	waitFor(t, "every change delivered", func() bool {
+		var n int
+		_ = feed.QueryRow(ctx, `SELECT count(*) FROM relay_deliveries WHERE state = 'delivered'`).Scan(&n)
+		return n == changes
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A backend reports its counts when it has been idle a while, and at
+	// the latest when it exits: closing the relay's pool ends its backends.
+	pool.Close()
+	var ins, upd, del int64
+	waitFor(t, "the relay's backends to report", func() bool {
+		err := feed.QueryRow(ctx, `
+SELECT sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_del)::bigint
+FROM pg_stat_user_tables WHERE relname IN ('relay_deliveries', 'feed_consumers')`).Scan(&ins, &upd, &del)
+		return err == nil && ins >= changes
+	})
+	// The counts may still be settling: once they read at least the rows
+	// there are, give the last backends a moment and read again.
+	time.Sleep(time.Second)
+	if err := feed.QueryRow(ctx, `
+SELECT sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_del)::bigint
+FROM pg_stat_user_tables WHERE relname IN ('relay_deliveries', 'feed_consumers')`).Scan(&ins, &upd, &del); err != nil {
+		t.Fatal(err)
+	}
+	per := float64(ins+upd+del) / changes
+	t.Logf("%d changes delivered: %d tuples inserted, %d updated, %d deleted: %.3f a change", changes, ins, upd, del, per)
+	if per > 1.1 {
+		t.Errorf("%.3f tuples of the relay's tables a delivered change, want at most 1.1", per)
+	}
+	if sends := len(dest.log()); sends != changes {
+		t.Errorf("%d sends for %d changes, want one each", sends, changes)
+	}
+}
