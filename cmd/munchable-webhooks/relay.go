@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/munchable/munchable-webhooks/internal/access"
 	"github.com/munchable/munchable-webhooks/internal/leader"
 	"github.com/munchable/munchable-webhooks/internal/relay"
 )
@@ -72,9 +73,7 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	}
 	var consumers []relay.Consumer
 	if c.appWebhook != nil {
-		consumers = append(consumers, relay.Consumer{
-			Name: relay.AppWebhookConsumer, Kinds: c.appWebhook.Kinds(), Destination: c.appWebhook, Parallel: relay.AppWebhookParallel,
-		})
+		consumers = append(consumers, relay.AppConsumer(c.appWebhook, access.NewStore(pool)))
 	}
 	return relay.Config{
 		Pool:      pool,
@@ -97,12 +96,12 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 // records nothing more once another holds it. A replica tries to take the
 // lease as often as a holder renews it (TTL/3): a stopped holder is
 // replaced within 4/3 of the TTL.
-func runRelay(ctx context.Context, r *relay.Relay, pool *pgxpool.Pool, cfg leader.LeaseConfig, logger *slog.Logger) {
+func runRelay(ctx context.Context, run relayRun, pool *pgxpool.Pool, cfg leader.LeaseConfig, logger *slog.Logger) {
 	lease := leader.NewLease(pool, "relay", cfg)
 	for {
 		ran, err := lease.TryRun(ctx, func(runCtx context.Context, f leader.Fence) error {
 			logger.Info("relay: this replica runs it", "token", f.Token())
-			return r.Run(runCtx, f.Check)
+			return run(runCtx, f.Check)
 		})
 		if ctx.Err() != nil {
 			return
@@ -132,7 +131,10 @@ commands:
                            identity as its first try (Resend's Idempotency-Key, the
                            webhook-id); needs the service's configuration; prints the
                            delivery as it now stands; exit 1 unless it was delivered
-                           (or skipped)`
+                           (or skipped)
+  backfill app_webhook [--rate N] [--after CURSOR]
+                           send every customer's current access answer to the app
+                           once (access.changed), paced; see relay backfill -h`
 
 func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	top := newCommand("relay", relayUsage, stdout, stderr)
@@ -154,6 +156,8 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 			return cmd.misuse("--state %q: want pending, delivered, failed, dead or skipped", *state)
 		}
 		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout)
+	case "backfill":
+		return backfillCommand(ctx, args[1:], environ, stdout, stderr)
 	case "retry":
 		pos, err := cmd.parse(args[1:], 2)
 		if err != nil {

@@ -25,6 +25,9 @@ type routes struct {
 	stripe  stripehook.Handler
 	resend  resendhook.Handler
 	form    *support.Form
+	// access is GET /v1/access; nil when it is off or METRICS_ADDR
+	// serves it.
+	access http.Handler
 }
 
 // addRoutes is the service's whole HTTP surface.
@@ -40,6 +43,9 @@ func addRoutes(r chi.Router, rt routes) {
 	r.Method(http.MethodGet, "/support", rt.form.Page())
 	r.Method(http.MethodOptions, "/support/messages", rt.form.Preflight())
 	r.Method(http.MethodPost, "/support/messages", rt.form.Submit())
+	if rt.access != nil {
+		r.Method(http.MethodGet, "/v1/access", rt.access)
+	}
 }
 
 // addPrivateRoutes is the METRICS_ADDR listener's surface: /metrics, and
