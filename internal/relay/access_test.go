@@ -1,0 +1,302 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	svix "github.com/svix/svix-webhooks/go"
+
+	"github.com/munchable/munchable-webhooks/internal/access"
+	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/relay"
+	"github.com/munchable/munchable-webhooks/internal/stripetest"
+)
+
+// accessApp is the app docs/APP.md describes: it verifies each webhook
+// with the Standard Webhooks library, dedupes by webhook-id, and keeps,
+// per customer, the answer with the highest version. Nothing else: no
+// merging, no joins.
+type accessApp struct {
+	t  *testing.T
+	wh *svix.Webhook
+
+	mu       sync.Mutex
+	seen     map[string]bool
+	latest   map[string]access.Answer
+	arrivals map[string][]int64 // versions per customer, as they came
+}
+
+func newAccessApp(t *testing.T) (*accessApp, *httptest.Server) {
+	t.Helper()
+	wh, err := svix.NewWebhook(appSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &accessApp{t: t, wh: wh, seen: map[string]bool{}, latest: map[string]access.Answer{}, arrivals: map[string][]int64{}}
+	srv := httptest.NewServer(http.HandlerFunc(app.serve))
+	t.Cleanup(srv.Close)
+	return app, srv
+}
+
+func (a *accessApp) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if err := a.wh.Verify(body, r.Header); err != nil {
+		a.t.Errorf("svix refuses a webhook: %v", err)
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	var msg struct {
+		Type string
+		Data access.Answer
+	}
+	if err := json.Unmarshal(body, &msg); err != nil || msg.Type != "access.changed" {
+		a.t.Errorf("webhook %s: type %q, %v; want access.changed", body, msg.Type, err)
+	}
+	id := r.Header.Get("webhook-id")
+	if want := relay.AccessWebhookID(msg.Data); id != want {
+		a.t.Errorf("webhook-id %q, want %q", id, want)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.seen[id] {
+		return
+	}
+	a.seen[id] = true
+	c := msg.Data.StripeCustomerID
+	a.arrivals[c] = append(a.arrivals[c], msg.Data.Version)
+	if msg.Data.Version > a.latest[c].Version {
+		a.latest[c] = msg.Data
+	}
+}
+
+// copy is what the app holds: each customer's subscriptions.
+func (a *accessApp) copy() map[string][]access.Subscription {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string][]access.Subscription{}
+	for c, ans := range a.latest {
+		if len(ans.Subscriptions) > 0 {
+			out[c] = ans.Subscriptions
+		}
+	}
+	return out
+}
+
+// viewCopy is customer_access as it stands, in the same shape.
+func viewCopy(t *testing.T, pool *pgxpool.Pool) map[string][]access.Subscription {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT stripe_customer_id, stripe_subscription_id, client_reference_id,
+    status, has_access, access_ends_at, price_lookup_keys, features FROM customer_access ORDER BY 1, 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]access.Subscription{}
+	var c string
+	var s access.Subscription
+	_, err = pgx.ForEachRow(rows, []any{&c, &s.StripeSubscriptionID, &s.ClientReferenceID, &s.Status, &s.HasAccess,
+		&s.AccessEndsAt, &s.PriceLookupKeys, &s.Features}, func() error {
+		sub := s
+		sub.PriceLookupKeys = append([]string{}, s.PriceLookupKeys...)
+		sub.Features = append([]string{}, s.Features...)
+		if sub.AccessEndsAt != nil {
+			u := sub.AccessEndsAt.UTC()
+			sub.AccessEndsAt = &u
+		}
+		out[c] = append(out[c], sub)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// accessRelay runs the relay with the app's webhook asking for access,
+// and the pass for the ends of access, as serve runs them, until the
+// test ends. It returns the pass's metrics.
+func accessRelay(t *testing.T, pool *pgxpool.Pool, url string) *prometheus.Registry {
+	t.Helper()
+	app := newAppWebhook(t, url, relay.KindAccess)
+	answers := access.NewStore(pool)
+	reg := prometheus.NewRegistry()
+	r := relay.New(relay.Config{Pool: pool, Consumers: []relay.Consumer{relay.AppConsumer(app, answers)}, Poll: 10 * time.Millisecond})
+	ex := relay.NewExpiry(relay.ExpiryConfig{Pool: pool, App: app, Answers: answers, Every: 100 * time.Millisecond, Registerer: reg})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context, relay.Fence) error{r.Run, ex.Run} {
+		wg.Go(func() {
+			if err := run(ctx, nil); err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	waitFor(t, "the app_webhook consumer and the expiry mark", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM feed_consumers WHERE name = 'app_webhook')
+            + (SELECT count(*) FROM access_expiry WHERE consumer = 'app_webhook')`).Scan(&n)
+		return n == 2
+	})
+	return reg
+}
+
+// stripeSub is a subscription event as Stripe sends it, with a price
+// lookup key on its first item.
+func stripeSub(t *testing.T, f stripetest.Fixtures, evt, typ string, created int64, s stripetest.Subscription, lookupKey string) []byte {
+	t.Helper()
+	var obj map[string]any
+	if err := json.Unmarshal(f.Subscription(s), &obj); err != nil {
+		t.Fatal(err)
+	}
+	item := obj["items"].(map[string]any)["data"].([]any)[0].(map[string]any)
+	item["price"].(map[string]any)["lookup_key"] = lookupKey
+	raw, _ := json.Marshal(obj)
+	return f.Event(evt, typ, created, raw, nil)
+}
+
+// checkoutCompleted is the bundled checkout.session.completed for sub.
+func checkoutCompleted(t *testing.T, evt, session, customer, sub, user string, created int64) []byte {
+	t.Helper()
+	raw, err := os.ReadFile("../../testdata/events/checkout.session.completed.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["id"], m["created"] = evt, created
+	o := m["data"].(map[string]any)["object"].(map[string]any)
+	o["id"], o["customer"], o["subscription"], o["client_reference_id"] = session, customer, sub, user
+	out, _ := json.Marshal(m)
+	return out
+}
+
+// featuresUpdated is the bundled entitlements summary for customer.
+func featuresUpdated(t *testing.T, evt, customer string, created int64) []byte {
+	t.Helper()
+	raw, err := os.ReadFile("../../testdata/events/entitlements.active_entitlement_summary.updated.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["id"], m["created"] = evt, created
+	m["data"].(map[string]any)["object"].(map[string]any)["customer"] = customer
+	out, _ := json.Marshal(m)
+	return out
+}
+
+// TestAccessChangedKeepsAnExactCopy: an app that keeps the latest answer
+// per customer from access.changed alone holds exactly customer_access
+// after a run of signed Stripe events (subscriptions created and moved,
+// a checkout session naming the user, the customer's features), and again
+// once a subscription's access runs out with no event at all: that one is
+// sent by the expiry pass, counted, and adds no row to the feed.
+func TestAccessChangedKeepsAnExactCopy(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	f := stripetest.LoadFixtures(t)
+	stripe := stripeHandler(t, pool, false)
+	app, srv := newAccessApp(t)
+	reg := accessRelay(t, pool, srv.URL)
+
+	now := time.Now()
+	created := now.Unix() - 600
+	far := now.Add(30 * 24 * time.Hour).Unix()
+	// Access that ends a few seconds from now, with nothing to announce it.
+	soon := now.Add(4 * time.Second).Truncate(time.Second).Add(time.Second)
+	events := [][]byte{
+		stripeSub(t, f, "evt_a1", "customer.subscription.created", created,
+			stripetest.Subscription{ID: "sub_a1", Customer: "cus_a", Status: "active", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro"),
+		checkoutCompleted(t, "evt_a1_cs", "cs_a1", "cus_a", "sub_a1", "user_a", created+1),
+		featuresUpdated(t, "evt_a_f", "cus_a", created+2),
+		stripeSub(t, f, "evt_a2", "customer.subscription.created", created+3,
+			stripetest.Subscription{ID: "sub_a2", Customer: "cus_a", Status: "active", PriceID: "price_addon", Created: created,
+				PeriodEnd: soon.Unix(), CancelAtPeriodEnd: true}, "addon"),
+		stripeSub(t, f, "evt_b1", "customer.subscription.created", created,
+			stripetest.Subscription{ID: "sub_b1", Customer: "cus_b", Status: "trialing", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro"),
+		stripeSub(t, f, "evt_b2", "customer.subscription.updated", created+10,
+			stripetest.Subscription{ID: "sub_b1", Customer: "cus_b", Status: "past_due", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro"),
+		stripeSub(t, f, "evt_b3", "customer.subscription.updated", created+20,
+			stripetest.Subscription{ID: "sub_b1", Customer: "cus_b", Status: "active", PriceID: "price_team", Created: created, PeriodEnd: far}, "team"),
+	}
+	for _, e := range events {
+		if code := postStripe(t, stripe, e); code != http.StatusOK {
+			t.Fatalf("stripe answered %d", code)
+		}
+	}
+
+	same := func() bool { return cmp.Equal(viewCopy(t, pool), app.copy()) }
+	waitFor(t, "the app's copy to match customer_access", same)
+	if got := app.copy()["cus_a"]; len(got) != 2 || !got[1].HasAccess || got[1].Features == nil || len(got[1].Features) != 3 {
+		t.Fatalf("cus_a before its add-on ends: %+v; want two subscriptions with access and three features", got)
+	}
+	var feed int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM changes`).Scan(&feed)
+
+	// The add-on's access ends: no event, no change row.
+	waitFor(t, "the add-on's end to reach the app", func() bool {
+		subs := app.copy()["cus_a"]
+		return len(subs) == 2 && !subs[1].HasAccess
+	})
+	if diff := cmp.Diff(viewCopy(t, pool), app.copy()); diff != "" {
+		t.Errorf("after the end of access, the app's copy differs from customer_access (-view +app):\n%s", diff)
+	}
+	if late := time.Since(soon); late > 60*time.Second {
+		t.Errorf("the end of access reached the app %s after it passed, want within 60 s", late)
+	}
+	var after int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM changes`).Scan(&after)
+	if after != feed {
+		t.Errorf("the feed grew from %d to %d rows for an end of access", feed, after)
+	}
+	if !app.latest["cus_a"].HasAccess {
+		t.Errorf("cus_a lost access with sub_a1 still active: %+v", app.latest["cus_a"])
+	}
+	if n := counterValue(t, reg, "relay_access_expiries_total", "delivered"); n < 1 {
+		t.Errorf("relay_access_expiries_total{outcome=delivered} = %v, want at least 1", n)
+	}
+
+	// cus_b's answers came through the relay only: in order of version.
+	app.mu.Lock()
+	got := slices.Clone(app.arrivals["cus_b"])
+	app.mu.Unlock()
+	if !slices.IsSorted(got) || len(got) == 0 {
+		t.Errorf("cus_b's versions arrived as %v, want growing", got)
+	}
+}
+
+// counterValue is the counter name{outcome} in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if mf.GetName() == name && l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{outcome=%q}", name, outcome)
+	return 0
+}
