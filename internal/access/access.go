@@ -93,11 +93,14 @@ WHERE a.stripe_customer_id = $1` + answerOrder
 WHERE a.stripe_customer_id IN (SELECT e.stripe_customer_id FROM entitlements e WHERE e.stripe_subscription_id = $1)` + answerOrder
 
 	// pageSQL: the next customers after $1 in stripe_customer_id order,
-	// from entitlements_customer, and all their rows.
+	// from entitlements_customer, and all their rows. The page's customers
+	// are an array (an init plan), looked up by index: as IN (subquery),
+	// a generic plan, which cannot know LIMIT $2, hash-joined the page to
+	// a sequential scan of entitlements.
 	pageSQL = `SELECT ` + answerColumns + ` FROM customer_access a
-WHERE a.stripe_customer_id IN (
+WHERE a.stripe_customer_id = ANY (ARRAY(
     SELECT DISTINCT e.stripe_customer_id FROM entitlements e
-    WHERE e.stripe_customer_id > $1 ORDER BY e.stripe_customer_id LIMIT $2)` + answerOrder
+    WHERE e.stripe_customer_id > $1 ORDER BY e.stripe_customer_id LIMIT $2))` + answerOrder
 
 	// customerSQL is lookupByCustomerSQL for a customer who may have no
 	// row: a customer_features change of a customer without subscriptions
