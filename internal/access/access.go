@@ -39,14 +39,16 @@ type Subscription struct {
 
 // Answer is a customer's whole access answer: the data of access.changed
 // and one object of GET /v1/access.
+// Its JSON puts what is the same from read to read first, and version
+// and at, which differ with each read, last.
 type Answer struct {
-	// Version grows with each answer for the customer (see the package
-	// comment): an app keeps the highest.
-	Version          int64  `json:"version"`
 	StripeCustomerID string `json:"stripe_customer_id"`
 	// HasAccess is true when any subscription's is.
 	HasAccess     bool           `json:"has_access"`
 	Subscriptions []Subscription `json:"subscriptions"`
+	// Version grows with each answer for the customer (see the package
+	// comment): an app keeps the highest.
+	Version int64 `json:"version"`
 	// At is when the answer was read, Version's instant.
 	At time.Time `json:"at"`
 }
