@@ -3,11 +3,13 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -299,4 +301,73 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, outcome string) 
 	}
 	t.Fatalf("no %s{outcome=%q}", name, outcome)
 	return 0
+}
+
+// TestBackfill: every customer's current answer goes to the app once, in
+// customer order; an answer the app refuses is tried, then listed as
+// failed, and the rest still go.
+func TestBackfill(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	f := stripetest.LoadFixtures(t)
+	stripe := stripeHandler(t, pool, false)
+	created := time.Now().Unix() - 600
+	far := time.Now().Add(30 * 24 * time.Hour).Unix()
+	for i, c := range []string{"cus_c", "cus_a", "cus_b", "cus_refused"} {
+		for j := range 2 {
+			sub := fmt.Sprintf("sub_%s_%d", c, j)
+			e := stripeSub(t, f, "evt_"+sub, "customer.subscription.created", created+int64(i),
+				stripetest.Subscription{ID: sub, Customer: c, Status: "active", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro")
+			if code := postStripe(t, stripe, e); code != http.StatusOK {
+				t.Fatalf("stripe answered %d", code)
+			}
+		}
+	}
+	app, _ := newAccessApp(t)
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), `"cus_refused"`) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		app.serve(w, r)
+	}))
+	t.Cleanup(refuse.Close)
+	var progress []relay.BackfillResult
+	res, err := relay.Backfill(context.Background(), relay.BackfillConfig{
+		App: newAppWebhook(t, refuse.URL, relay.KindAccess), Answers: access.NewStore(pool), Rate: 1000,
+		Tries: 2, Wait: time.Millisecond, Progress: func(r relay.BackfillResult) { progress = append(progress, r) },
+	}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := relay.BackfillResult{Customers: 4, Delivered: 3, Failed: []string{"cus_refused"}, Next: ""}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("result (-want +got):\n%s", diff)
+	}
+	if len(progress) == 0 {
+		t.Error("no progress reported")
+	}
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	var order []string
+	for c, versions := range app.arrivals {
+		if len(versions) != 1 {
+			t.Errorf("%s got %d answers, want 1", c, len(versions))
+		}
+		order = append(order, c)
+	}
+	slices.Sort(order)
+	if diff := cmp.Diff([]string{"cus_a", "cus_b", "cus_c"}, order); diff != "" {
+		t.Errorf("customers answered (-want +got):\n%s", diff)
+	}
+	var last int64
+	for _, c := range order {
+		if v := app.latest[c].Version; v <= last || len(app.latest[c].Subscriptions) != 2 {
+			t.Errorf("%s: version %d after %d, %d subscriptions: want sent in customer order, whole", c, v, last, len(app.latest[c].Subscriptions))
+		} else {
+			last = v
+		}
+	}
 }
