@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/munchable/munchable-webhooks/internal/access"
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
@@ -32,28 +29,7 @@ func BenchmarkAccess(b *testing.B) {
 	fill(b, pool, 1, n)
 	ctx := context.Background()
 	for _, s := range access.Statements() {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `PREPARE q AS `+s.SQL); err != nil {
-				return err
-			}
-			rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS) EXECUTE q(`+s.Args+`)`)
-			if err != nil {
-				return err
-			}
-			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return err
-			}
-			b.Logf("%s at %d subscriptions, generic plan:\n%s", s.Name, n, strings.Join(plan, "\n"))
-			_, err = tx.Exec(ctx, `DEALLOCATE q`)
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
+		b.Logf("%s at %d subscriptions, generic plan:\n%s", s.Name, n, genericPlan(b, pool, s, "EXPLAIN (ANALYZE, BUFFERS)"))
 	}
 	store := access.NewStore(pool)
 	keys := []struct {

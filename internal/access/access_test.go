@@ -334,32 +334,39 @@ func TestPlans(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	fill(t, pool, 1, 20_000)
-	ctx := context.Background()
 	for _, s := range access.Statements() {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `PREPARE q AS `+s.SQL); err != nil {
-				return err
-			}
-			rows, err := tx.Query(ctx, `EXPLAIN EXECUTE q(`+s.Args+`)`)
-			if err != nil {
-				return err
-			}
-			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return err
-			}
-			text := strings.Join(plan, "\n")
-			if strings.Contains(text, "Seq Scan on entitlements") || strings.Contains(text, "Seq Scan on checkout_sessions") {
-				t.Errorf("%s: a sequential scan under a generic plan:\n%s", s.Name, text)
-			}
-			_, err = tx.Exec(ctx, `DEALLOCATE q`)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("%s: %v", s.Name, err)
+		plan := genericPlan(t, pool, s, "EXPLAIN")
+		if strings.Contains(plan, "Seq Scan on entitlements") || strings.Contains(plan, "Seq Scan on checkout_sessions") {
+			t.Errorf("%s: a sequential scan under a generic plan:\n%s", s.Name, plan)
 		}
 	}
+}
+
+// genericPlan is explain's output (EXPLAIN, with options) for s, prepared
+// under plan_cache_mode=force_generic_plan.
+func genericPlan(tb testing.TB, pool *pgxpool.Pool, s access.Statement, explain string) string {
+	tb.Helper()
+	ctx := context.Background()
+	var plan []string
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `PREPARE q AS `+s.SQL); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, explain+` EXECUTE q(`+s.Args+`)`)
+		if err != nil {
+			return err
+		}
+		if plan, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DEALLOCATE q`)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("%s: %v", s.Name, err)
+	}
+	return strings.Join(plan, "\n")
 }

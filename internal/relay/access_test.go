@@ -168,10 +168,11 @@ func stripeSub(t *testing.T, f stripetest.Fixtures, evt, typ string, created int
 	return f.Event(evt, typ, created, raw, nil)
 }
 
-// checkoutCompleted is the bundled checkout.session.completed for sub.
-func checkoutCompleted(t *testing.T, evt, session, customer, sub, user string, created int64) []byte {
+// bundledEvent is testdata/events/name.json with its id and created set
+// and its object edited.
+func bundledEvent(t *testing.T, name, evt string, created int64, edit func(obj map[string]any)) []byte {
 	t.Helper()
-	raw, err := os.ReadFile("../../testdata/events/checkout.session.completed.json")
+	raw, err := os.ReadFile("../../testdata/events/" + name + ".json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,27 +181,23 @@ func checkoutCompleted(t *testing.T, evt, session, customer, sub, user string, c
 		t.Fatal(err)
 	}
 	m["id"], m["created"] = evt, created
-	o := m["data"].(map[string]any)["object"].(map[string]any)
-	o["id"], o["customer"], o["subscription"], o["client_reference_id"] = session, customer, sub, user
+	edit(m["data"].(map[string]any)["object"].(map[string]any))
 	out, _ := json.Marshal(m)
 	return out
 }
 
+// checkoutCompleted is the bundled checkout.session.completed for sub.
+func checkoutCompleted(t *testing.T, evt, session, customer, sub, user string, created int64) []byte {
+	return bundledEvent(t, "checkout.session.completed", evt, created, func(o map[string]any) {
+		o["id"], o["customer"], o["subscription"], o["client_reference_id"] = session, customer, sub, user
+	})
+}
+
 // featuresUpdated is the bundled entitlements summary for customer.
 func featuresUpdated(t *testing.T, evt, customer string, created int64) []byte {
-	t.Helper()
-	raw, err := os.ReadFile("../../testdata/events/entitlements.active_entitlement_summary.updated.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	m["id"], m["created"] = evt, created
-	m["data"].(map[string]any)["object"].(map[string]any)["customer"] = customer
-	out, _ := json.Marshal(m)
-	return out
+	return bundledEvent(t, "entitlements.active_entitlement_summary.updated", evt, created, func(o map[string]any) {
+		o["customer"] = customer
+	})
 }
 
 // TestAccessChangedKeepsAnExactCopy: an app that keeps the latest answer
