@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 )
@@ -108,5 +113,61 @@ func TestAccessAPIServed(t *testing.T) {
 	off := startService(t, nil)
 	if code, _ := ask(off.url, "Bearer "+token); code != http.StatusNotFound {
 		t.Errorf("without APP_API_TOKEN: %d, want 404", code)
+	}
+}
+
+// TestBackfillCommand: relay backfill app_webhook sends the one
+// customer's answer, verified by the app with svix, prints progress on
+// stderr and the summary on stdout; a wrong consumer or rate is a usage
+// error, and an app without access is refused.
+func TestBackfillCommand(t *testing.T) {
+	t.Parallel()
+	env := nowhere(t)
+	for _, args := range [][]string{
+		{"relay", "backfill"}, {"relay", "backfill", "forward"}, {"relay", "backfill", "app_webhook", "--rate", "0"},
+	} {
+		if err := wantUsage(t, env, args, "stderr"); !errors.Is(err, errUsage) {
+			t.Errorf("%q: err = %v, want a usage error", args, err)
+		}
+	}
+	const secret = "whsec_YXBwLWJhY2tmaWxsLXRlc3Qtc2VjcmV0LTEyMzQ="
+	wh, err := svix.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := wh.Verify(body, r.Header); err != nil {
+			t.Errorf("svix refuses the backfill: %v", err)
+		}
+		mu.Lock()
+		got = append(got, r.Header.Get("webhook-id"))
+		mu.Unlock()
+	}))
+	t.Cleanup(app.Close)
+	s := startService(t, nil)
+	if resp := s.postStripe(t, fixture(t)); resp.StatusCode != 200 {
+		t.Fatalf("delivery: %d", resp.StatusCode)
+	}
+	cfg := validEnv()
+	cfg["DATABASE_URL"] = s.databaseURL
+	cfg["APP_WEBHOOK_URL"], cfg["APP_WEBHOOK_SECRET"], cfg["APP_WEBHOOK_ALLOW_HTTP"] = app.URL+"/hooks", secret, "true"
+	if _, _, err := runCmd(t, cfg, "relay", "backfill", "app_webhook"); err == nil || !strings.Contains(err.Error(), "access") {
+		t.Errorf("backfill without access in APP_WEBHOOK_KINDS: %v, want refused", err)
+	}
+	cfg["APP_WEBHOOK_KINDS"] = "access"
+	out, stderr, err := runCmd(t, cfg, "relay", "backfill", "app_webhook", "--rate", "100")
+	if err != nil {
+		t.Fatalf("backfill: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(out, `{"customers":1,"delivered":1,"failed":[],"next":""}`) || !strings.Contains(stderr, "1 delivered") {
+		t.Errorf("backfill printed %q and %q, want its summary and progress", out, stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "acc_cus_") {
+		t.Errorf("the app got %q, want one acc_ webhook", got)
 	}
 }

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -366,5 +367,31 @@ func TestBackfill(t *testing.T) {
 		} else {
 			last = v
 		}
+	}
+}
+
+// TestExpiryFenced: a replica that lost the relay's lease neither moves
+// the mark nor goes on: its pass stops with ErrFenced.
+func TestExpiryFenced(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	_, srv := newAccessApp(t)
+	app := newAppWebhook(t, srv.URL, relay.KindAccess)
+	ex := relay.NewExpiry(relay.ExpiryConfig{Pool: pool, App: app, Answers: access.NewStore(pool), Every: time.Millisecond})
+	lost := func(context.Context, pgx.Tx) error { return errors.New("lease lost") }
+	done := make(chan error, 1)
+	go func() { done <- ex.Run(context.Background(), lost) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, relay.ErrFenced) {
+			t.Errorf("Run = %v, want ErrFenced", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on without the lease")
+	}
+	var n int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM access_expiry`).Scan(&n)
+	if n != 0 {
+		t.Errorf("access_expiry has %d rows written without the lease, want 0", n)
 	}
 }
