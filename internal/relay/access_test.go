@@ -395,3 +395,75 @@ func TestExpiryFenced(t *testing.T) {
 		t.Errorf("access_expiry has %d rows written without the lease, want 0", n)
 	}
 }
+
+// TestAccessChangedInOrderPerCustomer: the changes of one customer's
+// several subscriptions, session and features reach a slow app one at a
+// time, each answer's version above the one before, while another
+// customer's go beside them.
+func TestAccessChangedInOrderPerCustomer(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	f := stripetest.LoadFixtures(t)
+	stripe := stripeHandler(t, pool, false)
+	app, _ := newAccessApp(t)
+	var mu sync.Mutex
+	inFlight, most := map[string]int{}, map[string]int{}
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var msg struct{ Data access.Answer }
+		_ = json.Unmarshal(body, &msg)
+		c := msg.Data.StripeCustomerID
+		mu.Lock()
+		inFlight[c]++
+		most[c] = max(most[c], inFlight[c])
+		mu.Unlock()
+		time.Sleep(30 * time.Millisecond)
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		app.serve(w, r)
+		mu.Lock()
+		inFlight[c]--
+		mu.Unlock()
+	}))
+	t.Cleanup(slow.Close)
+	accessRelay(t, pool, slow.URL)
+
+	created := time.Now().Unix() - 600
+	far := time.Now().Add(30 * 24 * time.Hour).Unix()
+	var events [][]byte
+	for _, c := range []string{"cus_one", "cus_two"} {
+		for j := range 4 {
+			sub := fmt.Sprintf("sub_%s_%d", c, j)
+			events = append(events, stripeSub(t, f, "evt_"+sub, "customer.subscription.created", created+int64(j),
+				stripetest.Subscription{ID: sub, Customer: c, Status: "active", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro"),
+				checkoutCompleted(t, "evt_cs_"+sub, "cs_"+sub, c, sub, "user_"+c, created+int64(j)))
+		}
+		events = append(events, featuresUpdated(t, "evt_f_"+c, c, created+10))
+	}
+	for _, e := range events {
+		if code := postStripe(t, stripe, e); code != http.StatusOK {
+			t.Fatalf("stripe answered %d", code)
+		}
+	}
+	// The first answer of each customer may already hold all its changes:
+	// wait for every delivery, not just for the copy.
+	waitFor(t, "every change delivered", func() bool {
+		delivered := 0
+		_ = relay.List(context.Background(), pool, relay.AppWebhookConsumer, relay.Delivered, func(relay.Delivery) error { delivered++; return nil })
+		return delivered == len(events)
+	})
+	if diff := cmp.Diff(viewCopy(t, pool), app.copy()); diff != "" {
+		t.Errorf("the app's copy differs from customer_access (-view +app):\n%s", diff)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	for _, c := range []string{"cus_one", "cus_two"} {
+		if most[c] != 1 {
+			t.Errorf("%s: %d answers in flight at once, want 1", c, most[c])
+		}
+		if got := app.arrivals[c]; len(got) < 2 || !slices.IsSorted(got) {
+			t.Errorf("%s: versions arrived as %v, want several, growing", c, got)
+		}
+	}
+}
