@@ -50,9 +50,13 @@ func addRoutes(r chi.Router, rt routes) {
 
 // addPrivateRoutes is the METRICS_ADDR listener's surface: /metrics, and
 // /healthz and /readyz again, so that the kubelet's probes need not share
-// the public listener, whose connections anyone can hold.
-func addPrivateRoutes(mux *http.ServeMux, metrics http.Handler, postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool) {
+// the public listener, whose connections anyone can hold; and the read
+// API, unless it is off (access nil).
+func addPrivateRoutes(mux *http.ServeMux, metrics http.Handler, postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool, access http.Handler) {
 	mux.Handle("GET /metrics", metrics)
 	mux.Handle("GET /healthz", handleHealthz())
 	mux.Handle("GET /readyz", handleReadyz(postgres, claims, draining))
+	if access != nil {
+		mux.Handle("GET /v1/access", access)
+	}
 }

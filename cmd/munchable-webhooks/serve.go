@@ -173,10 +173,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
 	})
 	private := http.NewServeMux()
-	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining)
-	if apiAccess != nil && cfg.MetricsAddr != "" {
-		private.Handle("GET /v1/access", apiAccess)
-	}
+	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining, apiAccess)
 	refused := refusedConnections(registry)
 	caps := []clientCap{
 		{perClient: cfg.MaxConnectionsPerClient, trusted: cfg.trustedProxies, listener: "main", refused: refused.WithLabelValues("main"), refusals: refusals},
