@@ -158,7 +158,8 @@ type ExpiryConfig struct {
 // access_expiry (no feed row: the feed grows only with real changes). A
 // send that fails stops the pass there; the next pass sends again from
 // it, so an ending is never passed over, and an answer sent twice is the
-// same answer under a newer version.
+// same answer under a newer version. One the app refuses for good (a
+// 4xx) is logged and passed, as a dead delivery would be.
 type Expiry struct {
 	pool    *pgxpool.Pool
 	app     *AppWebhook
@@ -273,12 +274,21 @@ func (e *Expiry) send(ctx context.Context, mark time.Time, ended []access.Expiry
 		if err == nil {
 			_, err = e.app.SendAnswer(ctx, ans)
 		}
-		if err != nil {
+		done[x.StripeCustomerID] = true
+		switch {
+		case err == nil:
+			e.sent.WithLabelValues("delivered").Inc()
+		case errors.Is(err, ErrPermanent):
+			// Refused (a 4xx other than 408 and 429), as a dead
+			// delivery is: no retry mends it, and it must not hold back
+			// every ending after it. The customer's next change sends
+			// its answer again.
+			e.sent.WithLabelValues("failed").Inc()
+			e.logger.Error("relay: the app refused an end of access; not sent again", "customer", x.StripeCustomerID, "err", err)
+		default:
 			e.sent.WithLabelValues("failed").Inc()
 			return before(mark, ended[:i], x.EndsAt), fmt.Errorf("access ended for %s: %w", x.StripeCustomerID, err)
 		}
-		e.sent.WithLabelValues("delivered").Inc()
-		done[x.StripeCustomerID] = true
 	}
 	if len(ended) == 0 {
 		return mark, nil

@@ -467,3 +467,76 @@ func TestAccessChangedInOrderPerCustomer(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiryRetriesAndPasses: an end of access the app cannot take now
+// (503) stops the pass and is sent at the next; one it refuses for good
+// (400) is counted and passed; each is sent once it is taken, and a pass
+// after them sends nothing again.
+func TestExpiryRetriesAndPasses(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	f := stripetest.LoadFixtures(t)
+	stripe := stripeHandler(t, pool, false)
+	created := time.Now().Unix() - 600
+	far := time.Now().Add(30 * 24 * time.Hour).Unix()
+	for _, c := range []string{"cus_x", "cus_y", "cus_z"} {
+		e := stripeSub(t, f, "evt_"+c, "customer.subscription.created", created,
+			stripetest.Subscription{ID: "sub_" + c, Customer: c, Status: "active", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro")
+		if code := postStripe(t, stripe, e); code != http.StatusOK {
+			t.Fatalf("stripe answered %d", code)
+		}
+	}
+	var mu sync.Mutex
+	taken := map[string]int{}
+	tries := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var msg struct{ Data access.Answer }
+		_ = json.Unmarshal(body, &msg)
+		c := msg.Data.StripeCustomerID
+		mu.Lock()
+		defer mu.Unlock()
+		tries[c]++
+		switch {
+		case c == "cus_y":
+			w.WriteHeader(http.StatusBadRequest)
+		case c == "cus_x" && tries[c] == 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		default:
+			taken[c]++
+		}
+	}))
+	t.Cleanup(srv.Close)
+	reg := prometheus.NewRegistry()
+	ex := relay.NewExpiry(relay.ExpiryConfig{Pool: pool, App: newAppWebhook(t, srv.URL, relay.KindAccess),
+		Answers: access.NewStore(pool), Registerer: reg})
+	if err := ex.Pass(ctx, nil); err != nil { // places the mark at now
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE entitlements SET access_ends_at = now() + CASE stripe_customer_id
+        WHEN 'cus_x' THEN interval '300 ms' WHEN 'cus_y' THEN interval '400 ms' ELSE interval '500 ms' END`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(800 * time.Millisecond)
+	if err := ex.Pass(ctx, nil); err == nil {
+		t.Error("a pass whose first send met a 503 returned nil, want its error")
+	}
+	if err := ex.Pass(ctx, nil); err != nil {
+		t.Errorf("the next pass: %v", err)
+	}
+	if err := ex.Pass(ctx, nil); err != nil {
+		t.Errorf("a pass with nothing new: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff(map[string]int{"cus_x": 1, "cus_z": 1}, taken); diff != "" {
+		t.Errorf("answers the app took (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]int{"cus_x": 2, "cus_y": 1, "cus_z": 1}, tries); diff != "" {
+		t.Errorf("sends (-want +got):\n%s", diff)
+	}
+	if d, f := counterValue(t, reg, "relay_access_expiries_total", "delivered"), counterValue(t, reg, "relay_access_expiries_total", "failed"); d != 2 || f != 2 {
+		t.Errorf("relay_access_expiries_total delivered %v, failed %v; want 2 and 2", d, f)
+	}
+}
