@@ -120,15 +120,8 @@ var ErrKey = errors.New("access: unknown key")
 // Lookup returns the answer of every customer that key's value names
 // (none: an empty slice), in stripe_customer_id order.
 func (s *Store) Lookup(ctx context.Context, key Key, value string) ([]Answer, error) {
-	var q string
-	switch key {
-	case ByClientReference:
-		q = lookupByClientReferenceSQL
-	case ByCustomer:
-		q = lookupByCustomerSQL
-	case BySubscription:
-		q = lookupBySubscriptionSQL
-	default:
+	q := LookupSQL(key)
+	if q == "" {
 		return nil, fmt.Errorf("%w: %q", ErrKey, key)
 	}
 	answers, err := s.read(ctx, q, value)
@@ -136,6 +129,20 @@ func (s *Store) Lookup(ctx context.Context, key Key, value string) ([]Answer, er
 		return nil, fmt.Errorf("access: lookup by %s: %w", key, err)
 	}
 	return answers, nil
+}
+
+// LookupSQL is the statement Lookup runs for key, its value as $1 ("" for
+// an unknown key): tools/bench times it at scale (make bench-scale).
+func LookupSQL(key Key) string {
+	switch key {
+	case ByClientReference:
+		return lookupByClientReferenceSQL
+	case ByCustomer:
+		return lookupByCustomerSQL
+	case BySubscription:
+		return lookupBySubscriptionSQL
+	}
+	return ""
 }
 
 // Customer returns the customer's answer now, with no subscriptions when
