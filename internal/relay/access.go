@@ -112,7 +112,7 @@ func movesAnswer(ch ledger.Change) bool {
 }
 
 // AccessWebhookID is the webhook-id of an answer, acc_<customer>_<version>:
-// the same answer always has the same id, and a newer one another.
+// one id per read of the answer, a later read's version higher.
 func AccessWebhookID(a access.Answer) string {
 	return "acc_" + a.StripeCustomerID + "_" + strconv.FormatInt(a.Version, 10)
 }
