@@ -219,7 +219,7 @@ func TestAccessChangedKeepsAnExactCopy(t *testing.T) {
 	created := now.Unix() - 600
 	far := now.Add(30 * 24 * time.Hour).Unix()
 	// Access that ends a few seconds from now, with nothing to announce it.
-	soon := now.Add(4 * time.Second).Truncate(time.Second).Add(time.Second)
+	soon := now.Add(6 * time.Second).Truncate(time.Second).Add(time.Second)
 	events := [][]byte{
 		stripeSub(t, f, "evt_a1", "customer.subscription.created", created,
 			stripetest.Subscription{ID: "sub_a1", Customer: "cus_a", Status: "active", PriceID: "price_pro", Created: created, PeriodEnd: far}, "pro"),
@@ -243,8 +243,13 @@ func TestAccessChangedKeepsAnExactCopy(t *testing.T) {
 
 	same := func() bool { return cmp.Equal(viewCopy(t, pool), app.copy()) }
 	waitFor(t, "the app's copy to match customer_access", same)
-	if got := app.copy()["cus_a"]; len(got) != 2 || !got[1].HasAccess || got[1].Features == nil || len(got[1].Features) != 3 {
-		t.Fatalf("cus_a before its add-on ends: %+v; want two subscriptions with access and three features", got)
+	// Before the add-on ends (unless a loaded machine took until then).
+	if time.Now().Add(500 * time.Millisecond).Before(soon) {
+		if got := app.copy()["cus_a"]; len(got) != 2 || !got[1].HasAccess || len(got[1].Features) != 3 {
+			t.Fatalf("cus_a before its add-on ends: %+v; want two subscriptions with access and three features", got)
+		}
+	} else {
+		t.Logf("the copy matched only %s before the add-on's end: its state before it is not checked", time.Until(soon))
 	}
 	var feed int
 	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM changes`).Scan(&feed)
