@@ -144,10 +144,11 @@ fuzz:
 DEV_DIR ?= .dev
 # The app's webhook is off unless APP_WEBHOOK_URL and APP_WEBHOOK_SECRET are
 # set (the README's local receiver); when set, they go to DEV_DIR/env too,
-# for `relay retry app_webhook`, which rebuilds the destination.
+# for `relay retry app_webhook`, which rebuilds the destination, and
+# APP_API_TOKEN for calls to GET /v1/access.
 DEV_EXPORTS := LISTEN_ADDR STRIPE_WEBHOOK_SECRET RESEND_WEBHOOK_SECRET RESEND_API_KEY \
 	RESEND_DOWNLOAD_ALLOW_PRIVATE SUPPORT_INBOUND_ADDRESSES SUPPORT_FORWARD_TO SUPPORT_FORWARD_FROM DEV_MODE \
-	APP_WEBHOOK_URL APP_WEBHOOK_SECRET APP_WEBHOOK_ALLOW_HTTP APP_WEBHOOK_KINDS
+	APP_WEBHOOK_URL APP_WEBHOOK_SECRET APP_WEBHOOK_ALLOW_HTTP APP_WEBHOOK_KINDS APP_API_TOKEN
 .PHONY: dev
 # The sweeps and the scheduled verify are off unless SWEEP_INTERVAL or
 # VERIFY_INTERVAL is set: the quick start's sends must be the first

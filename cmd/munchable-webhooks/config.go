@@ -35,6 +35,7 @@ type config struct {
 	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
 	ClaimConfig
 	RelayConfig
+	AccessConfig
 
 	StripeWebhookSecret secret `env:"STRIPE_WEBHOOK_SECRET"`
 	StripeAPIKey        secret `env:"STRIPE_API_KEY"`
@@ -347,6 +348,7 @@ func (c *config) validate() []error {
 	c.parseAppWebhook(add)
 	c.ClaimConfig.check(add)
 	c.RelayConfig.check(add)
+	c.AccessConfig.check(add)
 	c.checkDurations(add)
 	c.checkLimits(add)
 	c.checkPublished(add)
@@ -463,8 +465,8 @@ func (c *config) parseAppWebhook(add addProblem) {
 	kinds := make([]string, 0, len(c.AppWebhookKinds))
 	for _, k := range c.AppWebhookKinds {
 		k = strings.TrimSpace(k)
-		if !relay.IsChangeKind(k) {
-			problem("APP_WEBHOOK_KINDS has %q: want a comma-separated list of subscription, customer_features, checkout_session, support_message", k)
+		if !relay.IsAppWebhookKind(k) {
+			problem("APP_WEBHOOK_KINDS has %q: want a comma-separated list of subscription, customer_features, checkout_session, support_message, access", k)
 		}
 		kinds = append(kinds, k)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/munchable/munchable-webhooks/internal/access"
 	"github.com/munchable/munchable-webhooks/internal/leader"
 	"github.com/munchable/munchable-webhooks/internal/relay"
 )
@@ -71,9 +72,7 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	}
 	var consumers []relay.Consumer
 	if c.appWebhook != nil {
-		consumers = append(consumers, relay.Consumer{
-			Name: relay.AppWebhookConsumer, Kinds: c.appWebhook.Kinds(), Destination: c.appWebhook, Parallel: relay.AppWebhookParallel,
-		})
+		consumers = append(consumers, relay.AppConsumer(c.appWebhook, access.NewStore(pool)))
 	}
 	return relay.Config{
 		Pool:      pool,
@@ -96,12 +95,12 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 // records nothing more once another holds it. A replica tries to take the
 // lease as often as a holder renews it (TTL/3): a stopped holder is
 // replaced within 4/3 of the TTL.
-func runRelay(ctx context.Context, r *relay.Relay, pool *pgxpool.Pool, cfg leader.LeaseConfig, logger *slog.Logger) {
+func runRelay(ctx context.Context, run relayRun, pool *pgxpool.Pool, cfg leader.LeaseConfig, logger *slog.Logger) {
 	lease := leader.NewLease(pool, "relay", cfg)
 	for {
 		ran, err := lease.TryRun(ctx, func(runCtx context.Context, f leader.Fence) error {
 			logger.Info("relay: this replica runs it", "token", f.Token())
-			return r.Run(runCtx, f.Check)
+			return run(runCtx, f.Check)
 		})
 		if ctx.Err() != nil {
 			return
@@ -139,6 +138,9 @@ commands:
                            JSON line per delivery as it now stands, progress and a
                            summary on stderr; stops after 10 failures in a row; exit 1
                            unless every one was delivered (or skipped)
+  backfill app_webhook [--rate N] [--after CURSOR]
+                           send every customer's current access answer to the app
+                           once (access.changed), paced; see relay backfill -h
 
 A change delivered at its first try has one row, delivered, kept for
 EVENTS_RETENTION like every finished delivery; failed, dead and pending
@@ -164,6 +166,8 @@ func relayCommand(ctx context.Context, args, environ []string, stdout, stderr io
 			return cmd.misuse("--state %q: want pending, delivered, failed, dead or skipped", *state)
 		}
 		return listDeliveries(ctx, environ, *consumer, relay.State(*state), stdout, stderr)
+	case "backfill":
+		return backfillCommand(ctx, args[1:], environ, stdout, stderr)
 	case "retry":
 		var f relay.RetryFilter
 		var state, since string

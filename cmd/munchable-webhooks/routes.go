@@ -25,6 +25,9 @@ type routes struct {
 	stripe  stripehook.Handler
 	resend  resendhook.Handler
 	form    *support.Form
+	// access is GET /v1/access; nil when it is off or METRICS_ADDR
+	// serves it.
+	access http.Handler
 }
 
 // addRoutes is the service's whole HTTP surface.
@@ -40,13 +43,20 @@ func addRoutes(r chi.Router, rt routes) {
 	r.Method(http.MethodGet, "/support", rt.form.Page())
 	r.Method(http.MethodOptions, "/support/messages", rt.form.Preflight())
 	r.Method(http.MethodPost, "/support/messages", rt.form.Submit())
+	if rt.access != nil {
+		r.Method(http.MethodGet, "/v1/access", rt.access)
+	}
 }
 
 // addPrivateRoutes is the METRICS_ADDR listener's surface: /metrics, and
 // /healthz and /readyz again, so that the kubelet's probes need not share
-// the public listener, whose connections anyone can hold.
-func addPrivateRoutes(mux *http.ServeMux, metrics http.Handler, postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool) {
+// the public listener, whose connections anyone can hold; and the read
+// API, unless it is off (access nil).
+func addPrivateRoutes(mux *http.ServeMux, metrics http.Handler, postgres *postgresProbe, claims *claim.Usable, draining *atomic.Bool, access http.Handler) {
 	mux.Handle("GET /metrics", metrics)
 	mux.Handle("GET /healthz", handleHealthz())
 	mux.Handle("GET /readyz", handleReadyz(postgres, claims, draining))
+	if access != nil {
+		mux.Handle("GET /v1/access", access)
+	}
 }

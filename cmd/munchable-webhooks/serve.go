@@ -118,7 +118,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	defer background(ctx, func(ctx context.Context) { rel.Observe(ctx, relayObserveInterval) })()
 	defer background(ctx, func(ctx context.Context) {
-		runRelay(ctx, rel, pool, leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}, logger)
+		runRelay(ctx, withExpiry(rel.Run, cfg.expiry(pool, logger, registry)), pool, leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}, logger)
 	})()
 	flow := claim.NewFlow(claims, claim.FlowConfig{
 		HandlerTimeout: cfg.HandlerTimeout,
@@ -167,6 +167,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		InflightBytes:        cfg.MailInflightBytes,
 		DownloadAllowPrivate: cfg.ResendDownloadAllowPrivate,
 	})
+	apiAccess := accessAPI(cfg, pool, logger)
 	handler := newServer(logger, routes{
 		postgres: probe,
 		claims:   claimsUsable,
@@ -175,6 +176,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		stripe:   stripe.Handler(flow.Endpoint(cfg.provider("stripe"))),
 		resend:   resend.Handler(flow.Endpoint(cfg.provider("resend"))),
 		form:     form,
+		access:   publicAccess(cfg, apiAccess),
 	})
 	jobsCtx, stopJobs := context.WithCancel(ctx)
 	jobsDone := startJobs(jobsCtx, cfg, logger, registry, pool, scheduled{
@@ -182,7 +184,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
 	})
 	private := http.NewServeMux()
-	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining)
+	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining, apiAccess)
 	refused := refusedConnections(registry)
 	caps := []clientCap{
 		{perClient: cfg.MaxConnectionsPerClient, trusted: cfg.trustedProxies, listener: "main", refused: refused.WithLabelValues("main"), refusals: refusals},

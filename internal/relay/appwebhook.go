@@ -99,8 +99,8 @@ func NewAppWebhook(cfg AppWebhookConfig) (*AppWebhook, error) {
 	}
 	kinds := make([]string, 0, len(cfg.Kinds))
 	for _, k := range cfg.Kinds {
-		if !IsChangeKind(k) {
-			return nil, fmt.Errorf("app webhook kinds: %q is not a change kind", k)
+		if !IsAppWebhookKind(k) {
+			return nil, fmt.Errorf("app webhook kinds: %q is not a change kind nor access", k)
 		}
 		if !slices.Contains(kinds, k) {
 			kinds = append(kinds, k)
@@ -140,9 +140,25 @@ func IsChangeKind(k string) bool {
 	return false
 }
 
-// Kinds are the change kinds this consumer delivers, for the relay to
-// filter on; Deliver skips any other.
-func (a *AppWebhook) Kinds() []string { return slices.Clone(a.kinds) }
+// Kinds are the change kinds this consumer takes, for the relay to
+// filter on: those the app asked for, and with access those that can move
+// a customer's answer (access.go). Deliver skips any other.
+func (a *AppWebhook) Kinds() []string {
+	var out []string
+	for _, k := range a.kinds {
+		if k != KindAccess {
+			out = append(out, k)
+		}
+	}
+	if a.Access() {
+		for _, k := range accessKinds {
+			if !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
 
 // LogValue keeps the signer out of logs; the URL is left out too, since
 // its query may hold the app's own token.
@@ -212,7 +228,12 @@ func (a *AppWebhook) Deliver(ctx context.Context, ch ledger.Change) (string, err
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrPermanent, err)
 	}
-	id := AppWebhookID(ch.ID)
+	return a.post(ctx, AppWebhookID(ch.ID), body)
+}
+
+// post sends one signed webhook: body under the identity id, the
+// signature's timestamp the attempt's own.
+func (a *AppWebhook) post(ctx context.Context, id string, body []byte) (string, error) {
 	now := a.now()
 	sig, err := a.signer.Sign(id, now, body)
 	if err != nil {

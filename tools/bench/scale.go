@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/munchable/munchable-webhooks/internal/access"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
 )
 
@@ -29,6 +30,11 @@ var lookups = []struct{ name, sql, key string }{
 FROM customer_access WHERE client_reference_id = $1`, "user_"},
 	{"access by stripe_customer_id", `SELECT * FROM customer_access WHERE stripe_customer_id = $1`, "cus_scale_"},
 	{"access by stripe_subscription_id", `SELECT * FROM customer_access WHERE stripe_subscription_id = $1`, "sub_scale_"},
+	// The whole answer (GET /v1/access, access.changed): every row of the
+	// customers the key names.
+	{"answer by client_reference_id", access.LookupSQL(access.ByClientReference), "user_"},
+	{"answer by stripe_customer_id", access.LookupSQL(access.ByCustomer), "cus_scale_"},
+	{"answer by stripe_subscription_id", access.LookupSQL(access.BySubscription), "sub_scale_"},
 }
 
 // scaleTables are the tables whose disk per row the report gives.
