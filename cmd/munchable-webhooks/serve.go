@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stripe/stripe-go/v79/client"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -35,6 +36,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/stripesync"
 	"github.com/munchable/munchable-webhooks/internal/support"
 	"github.com/munchable/munchable-webhooks/internal/sweep"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 	"github.com/munchable/munchable-webhooks/migrations"
 )
 
@@ -52,8 +54,16 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	for _, w := range cfg.warnings() {
 		logger.Warn(w)
 	}
+	// Tracing is off (nil) unless the OTEL_* variables say otherwise; off,
+	// nothing below is instrumented. It stops last, to flush every span.
+	tp, logger, stopTracing, err := startTracing(ctx, environ, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), int32(cfg.DatabaseMaxConns))
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), int32(cfg.DatabaseMaxConns),
+		func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracing.Postgres(tp) })
 	if err != nil {
 		return err
 	}
@@ -62,6 +72,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
+	if err == nil {
+		err = claims.Trace(tp)
+	}
 	if err != nil {
 		pool.Close()
 		return err
@@ -92,6 +105,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		MaxConnections: cfg.MaxConnections,
 	})
 	led := ledger.New(pool, cfg.PoisonAfter)
+	led.Trace(tp)
 	// The ledger's trim and the feed's doorbell are serve's goroutines:
 	// they end when serve returns (or ctx ends), and serve waits for them
 	// before the pool closes.
@@ -101,7 +115,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	bell := ledger.NewDoorbell(pool)
 	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
 	// The relay runs on one replica at a time; its gauges on every one.
-	rel := relay.New(cfg.relayConfig(pool, logger, registry))
+	relayCfg := cfg.relayConfig(pool, logger, registry)
+	relayCfg.Tracer = tp
+	rel := relay.New(relayCfg)
 	if len(cfg.SupportForwardTo) == 0 {
 		logger.Info("forwarding support messages to the team is off (SUPPORT_FORWARD_TO is empty)")
 	}
@@ -117,6 +133,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Intake:         bodies,
 		Ledger:         led,
 		Refusals:       refusals,
+		Tracer:         tp,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
@@ -151,6 +168,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Inbound:    cfg.inbound,
 		Logger:     logger,
 		Registerer: registry,
+		Tracer:     tp,
 
 		AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
 		InflightBytes:        cfg.MailInflightBytes,
@@ -168,7 +186,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	jobsCtx, stopJobs := context.WithCancel(ctx)
 	jobsDone := startJobs(jobsCtx, cfg, logger, registry, pool, scheduled{
 		store: store, stripe: stripe, stripeEndpoint: flow.Endpoint(cfg.provider("stripe")),
-		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
+		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")), tracer: tp,
 	})
 	private := http.NewServeMux()
 	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining)
@@ -190,6 +208,7 @@ type scheduled struct {
 	stripeEndpoint *claim.Endpoint
 	resend         *resendhook.Receiver
 	resendEndpoint *claim.Endpoint
+	tracer         trace.TracerProvider // nil: runs are not traced
 }
 
 // sweepOverlap is how far before its last pass's start a sweep lists
@@ -206,7 +225,7 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	// renews, so a leader that stopped is replaced within 4/3 of the TTL.
 	lease := leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}
 	run := leader.Scheduler{Pool: pool, Lease: lease, Poll: lease.Renew(), Logger: logger}
-	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
+	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, tracedJob(s.tracer, j)) }) }
 	api := stripeAPI(cfg, logger)
 	verifyInterval := cfg.VerifyInterval
 	if api == nil {
@@ -380,7 +399,9 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+// opts adjust the pool's configuration before it connects (serve's
+// tracer).
+func openPostgres(ctx context.Context, url string, maxConns int32, opts ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("DATABASE_URL is invalid: " + wantDatabaseURL) // pgx's error would echo the URL
@@ -397,6 +418,9 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	// match what the service builds for a subscription (docs/APP.md).
 	// PgBouncer passes TimeZone on.
 	pcfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	for _, o := range opts {
+		o(pcfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
