@@ -67,6 +67,9 @@ func (e *Endpoint) traced(h http.HandlerFunc) http.HandlerFunc {
 	}
 	return otelhttp.NewHandler(h, "webhook "+e.provider.Name,
 		otelhttp.WithTracerProvider(e.flow.tracerProvider),
+		// HTTP's convention, method and route: the handler serves one
+		// route, so its path is the route.
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + r.URL.Path }),
 		otelhttp.WithPropagators(tracing.Propagator),
 		otelhttp.WithPublicEndpointFn(func(*http.Request) bool { return true }),
 	).ServeHTTP
@@ -96,7 +99,8 @@ func (e *Endpoint) annotate(ctx context.Context, ev Event, v verdict) {
 
 // Trace adds go-redis's OpenTelemetry hook to the store's client: each
 // command of the claim, confirm and release is a span under the flow's.
-// Commands are named without their arguments (keys carry event ids, the
+// Only commands under a delivery's (or a pass's) span are traced: the
+// readiness probe makes none. Commands are named without their arguments (keys carry event ids, the
 // claim's value its owner token), and without the caller's file and line,
 // which cost a stack walk per command. A nil tp, or a store without
 // Redis, is left as it is.
@@ -104,7 +108,7 @@ func (s *Store) Trace(tp trace.TracerProvider) error {
 	if tp == nil || s.rdb == nil {
 		return nil
 	}
-	if err := redisotel.InstrumentTracing(s.rdb, redisotel.WithTracerProvider(tp),
+	if err := redisotel.InstrumentTracing(s.rdb, redisotel.WithTracerProvider(tracing.ChildOnly(tp)),
 		redisotel.WithDBStatement(false), redisotel.WithCallerEnabled(false)); err != nil {
 		return fmt.Errorf("trace redis: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 )
 
 // Postgres is the pgx tracer for a pool under tp (a span per query, batch
@@ -47,4 +48,31 @@ func Logger(tp trace.TracerProvider, logger *slog.Logger) *slog.Logger {
 		return logger
 	}
 	return slog.New(LogHandler(logger.Handler()))
+}
+
+// ChildOnly is tp for instrumentation that would otherwise start traces of
+// its own (go-redis's hook): a span is started only under a recording
+// one, so the readiness probe's PING and the connection pool's dials make
+// no trace, while a claim's commands are spans of their delivery.
+func ChildOnly(tp trace.TracerProvider) trace.TracerProvider { return childOnly{tp: tp} }
+
+type childOnly struct {
+	embedded.TracerProvider
+	tp trace.TracerProvider
+}
+
+func (c childOnly) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return childOnlyTracer{t: c.tp.Tracer(name, opts...)}
+}
+
+type childOnlyTracer struct {
+	embedded.Tracer
+	t trace.Tracer
+}
+
+func (c childOnlyTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
+		return ctx, parent
+	}
+	return c.t.Start(ctx, name, opts...)
 }

@@ -13,9 +13,10 @@ package tracing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -35,12 +36,11 @@ const ServiceName = "munchable-webhooks"
 // ScopeName names the service's own tracer (instrumentation scope).
 const ScopeName = "github.com/munchable/munchable-webhooks"
 
-// Settings is what New reads from the environment to decide whether, and
-// where, to export. The SDK and the exporters read the rest of the
-// standard variables (OTEL_TRACES_SAMPLER and its argument,
-// OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_HEADERS,
-// _TIMEOUT, _COMPRESSION, _CERTIFICATE, OTEL_BSP_*) from the process
-// environment themselves.
+// Settings is what New reads from the environment it is given: whether,
+// where and what to export. The exporters and the batcher read the rest
+// of the standard variables (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
+// _COMPRESSION, _CERTIFICATE, OTEL_BSP_*) from the process environment
+// themselves, which in production is the same one.
 type Settings struct {
 	// Endpoint is where spans go: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as
 	// is, or OTEL_EXPORTER_OTLP_ENDPOINT (plus /v1/traces over HTTP).
@@ -48,6 +48,12 @@ type Settings struct {
 	Endpoint string
 	// Protocol is "http/protobuf" (the default) or "grpc".
 	Protocol string
+	// Sampler is OTEL_TRACES_SAMPLER with OTEL_TRACES_SAMPLER_ARG; the
+	// default, as the spec's, is parentbased_always_on.
+	Sampler sdktrace.Sampler
+	// Resource is OTEL_RESOURCE_ATTRIBUTES, then service.name:
+	// OTEL_SERVICE_NAME, else the attributes', else ServiceName.
+	Resource []attribute.KeyValue
 }
 
 // Read returns the settings environ asks for; ok is false when tracing is
@@ -73,7 +79,71 @@ func Read(environ []string) (s Settings, ok bool, err error) {
 			s.Endpoint = strings.TrimSuffix(base, "/") + "/v1/traces"
 		}
 	}
-	return s, s.Endpoint != "", nil
+	if s.Endpoint == "" {
+		return Settings{}, false, nil
+	}
+	if s.Sampler, err = sampler(get("OTEL_TRACES_SAMPLER"), get("OTEL_TRACES_SAMPLER_ARG")); err != nil {
+		return Settings{}, false, err
+	}
+	if s.Resource, err = resourceAttributes(get("OTEL_RESOURCE_ATTRIBUTES"), get("OTEL_SERVICE_NAME")); err != nil {
+		return Settings{}, false, err
+	}
+	return s, true, nil
+}
+
+// sampler is the spec's OTEL_TRACES_SAMPLER (the ones the SDK has) with
+// its argument, a ratio that defaults to 1.
+func sampler(name, arg string) (sdktrace.Sampler, error) {
+	ratio := 1.0
+	if arg != "" && strings.HasSuffix(name, "traceidratio") {
+		r, err := strconv.ParseFloat(arg, 64)
+		if err != nil || r < 0 || r > 1 {
+			return nil, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG=%s: want a ratio from 0 to 1", arg)
+		}
+		ratio = r
+	}
+	switch name {
+	case "", "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case "always_on":
+		return sdktrace.AlwaysSample(), nil
+	case "always_off":
+		return sdktrace.NeverSample(), nil
+	case "traceidratio":
+		return sdktrace.TraceIDRatioBased(ratio), nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case "parentbased_traceidratio":
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), nil
+	}
+	return nil, fmt.Errorf("OTEL_TRACES_SAMPLER=%s: want always_on, always_off, traceidratio or parentbased_ one of those", name)
+}
+
+// resourceAttributes reads OTEL_RESOURCE_ATTRIBUTES (key=value pairs,
+// comma-separated, values percent-encoded) and settles service.name.
+func resourceAttributes(list, serviceName string) ([]attribute.KeyValue, error) {
+	var attrs []attribute.KeyValue
+	named := ""
+	for pair := range strings.SplitSeq(list, ",") {
+		if strings.TrimSpace(pair) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %q is not key=value", pair)
+		}
+		v, err := url.PathUnescape(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %s: %w", k, err)
+		}
+		if k == "service.name" {
+			named = v
+			continue
+		}
+		attrs = append(attrs, attribute.String(k, v))
+	}
+	return append(attrs, attribute.String("service.name", first(serviceName, named, ServiceName))), nil
 }
 
 // New builds the tracer provider environ asks for, with a batching OTLP
@@ -96,29 +166,14 @@ func New(ctx context.Context, environ []string) (tp trace.TracerProvider, shutdo
 	if err != nil {
 		return nil, nothing, fmt.Errorf("otlp exporter (%s %s): %w", s.Protocol, s.Endpoint, err)
 	}
-	res, err := newResource(ctx)
+	res, err := resource.New(ctx, resource.WithTelemetrySDK(), resource.WithAttributes(s.Resource...))
 	if err != nil {
-		return nil, nothing, err
+		return nil, nothing, fmt.Errorf("otel resource: %w", err)
 	}
-	// The sampler is the SDK's default, parent-based always-on, unless
-	// OTEL_TRACES_SAMPLER names another: NewTracerProvider reads it.
-	p := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	// The sampler is set here, from environ: the SDK would read
+	// OTEL_TRACES_SAMPLER from the process environment, not the one given.
+	p := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(s.Sampler))
 	return p, p.Shutdown, nil
-}
-
-// newResource is service.name (ours unless the environment names
-// another), the SDK's own attributes, and OTEL_RESOURCE_ATTRIBUTES.
-func newResource(ctx context.Context) (*resource.Resource, error) {
-	env, err := resource.New(ctx, resource.WithTelemetrySDK(), resource.WithFromEnv())
-	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		return nil, fmt.Errorf("otel resource: %w", err)
-	}
-	ours := resource.NewSchemaless(attribute.String("service.name", ServiceName))
-	res, err := resource.Merge(ours, env)
-	if err != nil {
-		return nil, fmt.Errorf("otel resource: %w", err)
-	}
-	return res, nil
 }
 
 // Propagator is how trace context crosses HTTP: the W3C traceparent and
