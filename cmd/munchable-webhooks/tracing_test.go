@@ -326,3 +326,36 @@ func TestTracesOverOTLP(t *testing.T) {
 		}
 	}
 }
+
+// A delivery whose trace is not sampled (OTEL_TRACES_SAMPLER=always_off)
+// leaves no trace id behind: not in the ledger, not on the change, not on
+// its log line.
+func TestUnsampledDeliveryKeepsNoTrace(t *testing.T) {
+	t.Parallel()
+	receiver := &otlpReceiver{}
+	collector := httptest.NewServer(receiver)
+	t.Cleanup(collector.Close)
+	s := startService(t, map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL,
+		"OTEL_TRACES_SAMPLER":         "always_off",
+	})
+	if r := s.postStripe(t, fixture(t)); r.StatusCode != 200 {
+		t.Fatalf("stripe delivery: %d", r.StatusCode)
+	}
+	pool, err := pgxpool.New(t.Context(), s.databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var traceID, traceparent *string
+	if err := pool.QueryRow(t.Context(), `SELECT w.trace_id, c.traceparent FROM webhook_events w JOIN changes c USING (event_id)
+		WHERE w.event_id = 'evt_1QmunchableUpdated0001'`).Scan(&traceID, &traceparent); err != nil {
+		t.Fatal(err)
+	}
+	if traceID != nil || traceparent != nil {
+		t.Errorf("unsampled delivery kept trace_id %v and traceparent %v, want NULL", traceID, traceparent)
+	}
+	if strings.Contains(s.logs.String(), `"trace_id"`) {
+		t.Errorf("a log line carries a trace id:\n%s", s.logs)
+	}
+}
