@@ -52,7 +52,7 @@ func tracedRig(t *testing.T) (*intakeRig, *tracetest.SpanRecorder, *lockedBuffer
 func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 	out := map[string]string{}
 	for _, a := range s.Attributes() {
-		out[string(a.Key)] = a.Value.Emit()
+		out[string(a.Key)] = a.Value.String()
 	}
 	return out
 }
