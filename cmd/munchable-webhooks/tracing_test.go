@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	svix "github.com/svix/svix-webhooks/go"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -71,11 +73,14 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				sp := span{name: s.Name, trace: hex.EncodeToString(s.TraceId), id: hex.EncodeToString(s.SpanId),
 					parent: hex.EncodeToString(s.ParentSpanId), attrs: map[string]string{}, service: service}
 				for _, kv := range s.Attributes {
-					v := kv.Value.GetStringValue()
-					if v == "" && kv.Value.GetValue() != nil {
-						v = strings.Trim(kv.Value.String(), " ")
+					switch v := kv.Value.GetValue().(type) {
+					case *commonpb.AnyValue_StringValue:
+						sp.attrs[kv.Key] = v.StringValue
+					case *commonpb.AnyValue_IntValue:
+						sp.attrs[kv.Key] = fmt.Sprint(v.IntValue)
+					case *commonpb.AnyValue_BoolValue:
+						sp.attrs[kv.Key] = fmt.Sprint(v.BoolValue)
 					}
-					sp.attrs[kv.Key] = v
 				}
 				for _, l := range s.Links {
 					sp.links = append(sp.links, hex.EncodeToString(l.SpanId))
@@ -237,6 +242,7 @@ func TestTracesOverOTLP(t *testing.T) {
 		{"resend", "msg_traced_1", "applied", "app chg_2", "relay forward", "resend POST emails"},
 	} {
 		route := find("POST /webhooks/"+tc.provider, func(sp span) bool { return sp.attrs["webhook.event_id"] == tc.eventID })
+		logTree(t, spans, route)
 		if route.parent != "" && route.parent != strings.Repeat("0", 16) {
 			t.Errorf("%s: the route's span has a parent %q; want a root", tc.provider, route.parent)
 		}
@@ -358,4 +364,29 @@ func TestUnsampledDeliveryKeepsNoTrace(t *testing.T) {
 	if strings.Contains(s.logs.String(), `"trace_id"`) {
 		t.Errorf("a log line carries a trace id:\n%s", s.logs)
 	}
+}
+
+// logTree logs root's trace as the receiver got it, one span a line,
+// children indented under their parent (go test -v shows it).
+func logTree(t *testing.T, spans []span, root span) {
+	t.Helper()
+	var b strings.Builder
+	var walk func(id string, depth int)
+	walk = func(id string, depth int) {
+		for _, sp := range spans {
+			if sp.trace == root.trace && sp.parent == id {
+				fmt.Fprintf(&b, "%s%s %s", strings.Repeat("  ", depth), sp.name, sp.id)
+				for _, k := range []string{"webhook.event_id", "webhook.outcome", "webhook.effect", "relay.change_id", "relay.result"} {
+					if v, ok := sp.attrs[k]; ok {
+						fmt.Fprintf(&b, " %s=%s", k, v)
+					}
+				}
+				b.WriteString("\n")
+				walk(sp.id, depth+1)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "trace %s\n", root.trace)
+	walk(root.parent, 0)
+	t.Log(b.String())
 }

@@ -8,12 +8,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
@@ -37,12 +39,13 @@ func (l *lockedBuffer) String() string {
 
 // tracedRig is an intakeRig whose flow and Redis client are traced into
 // an in-memory recorder, and whose log lines carry trace ids.
-func tracedRig(t *testing.T) (*intakeRig, *tracetest.SpanRecorder, *lockedBuffer) {
+func tracedRig(t *testing.T, cfg FlowConfig) (*intakeRig, *tracetest.SpanRecorder, *lockedBuffer) {
 	t.Helper()
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	logs := &lockedBuffer{}
-	r := newIntakeRig(t, FlowConfig{Tracer: tp, Logger: tracing.Logger(tp, slog.New(slog.NewJSONHandler(logs, nil)))})
+	cfg.Tracer, cfg.Logger = tp, tracing.Logger(tp, slog.New(slog.NewJSONHandler(logs, nil)))
+	r := newIntakeRig(t, cfg)
 	if err := r.store.Trace(tp); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +66,7 @@ func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 // theirs; the delivery's log line names the trace and the route's span.
 func TestDeliveryIsOneTrace(t *testing.T) {
 	t.Parallel()
-	r, spans, logs := tracedRig(t)
+	r, spans, logs := tracedRig(t, FlowConfig{})
 	req, _ := http.NewRequest(http.MethodPost, r.srv.URL, strings.NewReader(`{"id":"evt_traced"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("traceparent", "00-11111111111111111111111111111111-2222222222222222-01")
@@ -139,7 +142,7 @@ func TestDeliveryIsOneTrace(t *testing.T) {
 // reason on the route's span, and no claim.
 func TestRejectedDeliveryTrace(t *testing.T) {
 	t.Parallel()
-	r, spans, _ := tracedRig(t)
+	r, spans, _ := tracedRig(t, FlowConfig{})
 	r.post(t, "application/json", []byte(`{"id":"evt_forged","reject":"signature"}`))
 	byName := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
@@ -154,5 +157,16 @@ func TestRejectedDeliveryTrace(t *testing.T) {
 	got := attrs(byName["POST /"])
 	if got["webhook.outcome"] != "rejected" || got["webhook.reason"] != "signature" {
 		t.Errorf("route span outcome %q reason %q, want rejected and signature", got["webhook.outcome"], got["webhook.reason"])
+	}
+}
+
+// otelhttp's wrapping keeps the body's deadline working: the intake sets
+// it through http.ResponseController, which must reach the connection
+// through the wrapper (or a trickled body would hold the handler).
+func TestTracedBodyReadTimeout(t *testing.T) {
+	t.Parallel()
+	r, _, _ := tracedRig(t, FlowConfig{Intake: intake.New(intake.Config{Timeout: 300 * time.Millisecond})})
+	if resp := answer(t, r.partial(t, 3000, 100)); resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("status = %d, want 408", resp.StatusCode)
 	}
 }
