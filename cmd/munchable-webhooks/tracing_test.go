@@ -325,6 +325,14 @@ func TestTracesOverOTLP(t *testing.T) {
 			t.Errorf("%s: no delivery log line with trace_id %s and span_id %s:\n%s", tc.provider, route.trace, route.id, s.logs)
 		}
 	}
+	// The scheduled passes are traces of their own, with their work under
+	// them (the Resend sweep lists received mail from the API).
+	for _, name := range []string{"job sweep_resend", "ledger retention"} {
+		pass := find(name, nil)
+		if pass.parent != "" || !underAny(pass) {
+			t.Errorf("%s: parent %q, children %v; want a root with its work under it", name, pass.parent, underAny(pass))
+		}
+	}
 	// Every log line, the SDK's included, stays JSON.
 	for _, line := range strings.Split(strings.TrimSpace(s.logs.String()), "\n") {
 		if !json.Valid([]byte(line)) {

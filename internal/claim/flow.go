@@ -201,7 +201,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 // Endpoint binds the flow to one provider.
 func (f *Flow) Endpoint(p Provider) *Endpoint {
 	f.metrics.init(p.Name)
-	return &Endpoint{flow: f, provider: p}
+	return &Endpoint{flow: f, provider: p, processSpan: "process " + p.Name}
 }
 
 // Endpoint is the flow bound to one provider: its Handler answers the
@@ -209,6 +209,9 @@ func (f *Flow) Endpoint(p Provider) *Endpoint {
 type Endpoint struct {
 	flow     *Flow
 	provider Provider
+	// processSpan names Process's span, built once: with tracing off a
+	// replay allocates nothing for it.
+	processSpan string
 }
 
 // Result is what became of an event run by Process.
@@ -224,7 +227,7 @@ type Result struct {
 // ledger if the attempt fails.
 func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, error) {
 	start := time.Now()
-	ctx, span := e.flow.span(ctx, "process "+e.provider.Name)
+	ctx, span := e.flow.span(ctx, e.processSpan)
 	defer span.End()
 	v := verdict{outcome: Ignored}
 	if ev.Apply != nil {
