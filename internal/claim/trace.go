@@ -70,7 +70,7 @@ func (e *Endpoint) traced(h http.HandlerFunc) http.HandlerFunc {
 		// HTTP's convention, method and route: the handler serves one
 		// route, so its path is the route.
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + r.URL.Path }),
-		otelhttp.WithPropagators(tracing.Propagator),
+		otelhttp.WithPropagators(tracing.Propagator()),
 		otelhttp.WithPublicEndpointFn(func(*http.Request) bool { return true }),
 	).ServeHTTP
 }

@@ -233,7 +233,7 @@ func (a *AppWebhook) Deliver(ctx context.Context, ch ledger.Change) (string, err
 	req.Header.Set("webhook-signature", sig)
 	// The relay's span for this attempt, when traced: the app's own trace
 	// continues the delivery's (nothing is written when untraced).
-	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := a.client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -178,7 +178,7 @@ func New(ctx context.Context, environ []string) (tp trace.TracerProvider, shutdo
 
 // Propagator is how trace context crosses HTTP: the W3C traceparent and
 // tracestate headers. It is passed to otelhttp rather than set globally.
-var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
+func Propagator() propagation.TextMapPropagator { return propagation.TraceContext{} }
 
 // Traceparent is the W3C traceparent of ctx's span, "" unless that span
 // is sampled: only a sampled trace is worth pointing back to, and "" costs
@@ -220,7 +220,7 @@ func Transport(tp trace.TracerProvider, base http.RoundTripper) http.RoundTrippe
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return otelhttp.NewTransport(base, otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(Propagator))
+	return otelhttp.NewTransport(base, otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(Propagator()))
 }
 
 // lookup reads a variable from environ, the last one winning as in the
