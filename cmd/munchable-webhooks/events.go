@@ -45,6 +45,8 @@ Prints one JSON object: the event's ledger row (webhook_events in
 DATABASE_URL), its claim's state in Redis (REDIS_URL, REDIS_KEY_PREFIX;
 "absent" once its done key expired) and the changes it made in the feed,
 each with the cursor that resumes just after it (changes tail --after).
+With tracing on, the ledger row has trace_id: the event's last traced
+attempt.
 PROVIDER is stripe or resend; EVENT_ID is the Stripe event id or the svix-id.`
 
 	eventsListUsage = `usage: munchable-webhooks events list [--outcome O] [--since D]

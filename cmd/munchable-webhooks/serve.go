@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stripe/stripe-go/v79/client"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
@@ -35,6 +36,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/stripesync"
 	"github.com/munchable/munchable-webhooks/internal/support"
 	"github.com/munchable/munchable-webhooks/internal/sweep"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 	"github.com/munchable/munchable-webhooks/migrations"
 )
 
@@ -52,8 +54,16 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	for _, w := range cfg.warnings() {
 		logger.Warn(w)
 	}
+	// Tracing is off (nil) unless the OTEL_* variables say otherwise; off,
+	// nothing below is instrumented. It stops last, to flush every span.
+	tp, logger, stopTracing, err := startTracing(ctx, environ, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), int32(cfg.DatabaseMaxConns))
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), int32(cfg.DatabaseMaxConns),
+		func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracing.Postgres(tp) })
 	if err != nil {
 		return err
 	}
@@ -68,6 +78,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
+	if err == nil {
+		err = claims.Trace(tp)
+	}
 	if err != nil {
 		pool.Close()
 		return err
@@ -98,6 +111,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		MaxConnections: cfg.MaxConnections,
 	})
 	led := ledger.New(pool, cfg.PoisonAfter)
+	led.Trace(tp)
 	// The ledger's trim and the feed's doorbell are serve's goroutines:
 	// they end when serve returns (or ctx ends), and serve waits for them
 	// before the pool closes.
@@ -107,7 +121,9 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	bell := ledger.NewDoorbell(pool)
 	defer background(ctx, func(ctx context.Context) { bell.Run(ctx, logger) })()
 	// The relay runs on one replica at a time; its gauges on every one.
-	rel := relay.New(cfg.relayConfig(pool, logger, registry))
+	relayCfg := cfg.relayConfig(pool, logger, registry)
+	relayCfg.Tracer = tp
+	rel := relay.New(relayCfg)
 	// A destination starts when its first configured replica does: before
 	// this one accepts anything, whoever leads the relay.
 	if err := rel.Register(ctx); err != nil {
@@ -128,6 +144,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Intake:         bodies,
 		Ledger:         led,
 		Refusals:       refusals,
+		Tracer:         tp,
 	})
 	queue := support.NewQueue(pool)
 	form := support.NewForm(queue, support.FormConfig{
@@ -162,6 +179,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		Inbound:    cfg.inbound,
 		Logger:     logger,
 		Registerer: registry,
+		Tracer:     tp,
 
 		AttachmentMaxBytes:   cfg.SupportAttachmentMaxBytes,
 		InflightBytes:        cfg.MailInflightBytes,
@@ -181,7 +199,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	jobsCtx, stopJobs := context.WithCancel(ctx)
 	jobsDone := startJobs(jobsCtx, cfg, logger, registry, pool, scheduled{
 		store: store, stripe: stripe, stripeEndpoint: flow.Endpoint(cfg.provider("stripe")),
-		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")),
+		resend: resend, resendEndpoint: flow.Endpoint(cfg.provider("resend")), tracer: tp,
 	})
 	private := http.NewServeMux()
 	addPrivateRoutes(private, metrics, probe, claimsUsable, &draining, apiAccess)
@@ -203,6 +221,7 @@ type scheduled struct {
 	stripeEndpoint *claim.Endpoint
 	resend         *resendhook.Receiver
 	resendEndpoint *claim.Endpoint
+	tracer         trace.TracerProvider // nil: runs are not traced
 }
 
 // sweepOverlap is how far before its last pass's start a sweep lists
@@ -219,7 +238,7 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	// renews, so a leader that stopped is replaced within 4/3 of the TTL.
 	lease := leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}
 	run := leader.Scheduler{Pool: pool, Lease: lease, Poll: lease.Renew(), Logger: logger}
-	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, j) }) }
+	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, tracedJob(s.tracer, j)) }) }
 	api := stripeAPI(cfg, logger)
 	verifyInterval := cfg.VerifyInterval
 	if api == nil {
@@ -393,7 +412,9 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+// opts adjust the pool's configuration before it connects (serve's
+// tracer).
+func openPostgres(ctx context.Context, url string, maxConns int32, opts ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("DATABASE_URL is invalid: " + wantDatabaseURL) // pgx's error would echo the URL
@@ -411,6 +432,9 @@ func openPostgres(ctx context.Context, url string, maxConns int32) (*pgxpool.Poo
 	// PgBouncer passes TimeZone on.
 	pcfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
 	nameSessions(pcfg)
+	for _, o := range opts {
+		o(pcfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

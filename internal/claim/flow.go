@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/intake"
 	"github.com/munchable/munchable-webhooks/internal/logsample"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // Provider is one webhook source and its claim policy.
@@ -134,6 +136,9 @@ type FlowConfig struct {
 	// can send by the thousand; nil: a sampler of the flow's own on
 	// Logger, with the defaults.
 	Refusals *logsample.Sampler
+	// Tracer, when not nil, traces each delivery (internal/tracing); nil
+	// adds no instrumentation at all.
+	Tracer trace.TracerProvider
 }
 
 // Recorder keeps what happened to an event beyond its claim: the ledger
@@ -157,6 +162,8 @@ type Flow struct {
 	logger         *slog.Logger
 	refusals       *logsample.Sampler
 	metrics        *metrics
+	tracerProvider trace.TracerProvider
+	tracer         trace.Tracer // nil: tracing is off
 }
 
 // NewFlow returns a Flow on store.
@@ -173,7 +180,13 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 	if refusals == nil {
 		refusals = logsample.New(logger, logsample.Config{})
 	}
+	var tracer trace.Tracer
+	if cfg.Tracer != nil {
+		tracer = cfg.Tracer.Tracer(tracing.ScopeName)
+	}
 	return &Flow{
+		tracerProvider: cfg.Tracer,
+		tracer:         tracer,
 		store:          store,
 		handlerTimeout: cfg.HandlerTimeout,
 		poisonAfter:    int64(cfg.PoisonAfter),
@@ -188,7 +201,7 @@ func NewFlow(store *Store, cfg FlowConfig) *Flow {
 // Endpoint binds the flow to one provider.
 func (f *Flow) Endpoint(p Provider) *Endpoint {
 	f.metrics.init(p.Name)
-	return &Endpoint{flow: f, provider: p}
+	return &Endpoint{flow: f, provider: p, processSpan: "process " + p.Name}
 }
 
 // Endpoint is the flow bound to one provider: its Handler answers the
@@ -196,6 +209,9 @@ func (f *Flow) Endpoint(p Provider) *Endpoint {
 type Endpoint struct {
 	flow     *Flow
 	provider Provider
+	// processSpan names Process's span, built once: with tracing off a
+	// replay allocates nothing for it.
+	processSpan string
 }
 
 // Result is what became of an event run by Process.
@@ -211,6 +227,8 @@ type Result struct {
 // ledger if the attempt fails.
 func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, error) {
 	start := time.Now()
+	ctx, span := e.flow.span(ctx, e.processSpan)
+	defer span.End()
 	v := verdict{outcome: Ignored}
 	if ev.Apply != nil {
 		v = e.flow.run(ctx, e.provider, body, ev)
@@ -223,7 +241,9 @@ func (e *Endpoint) Process(ctx context.Context, body []byte, ev Event) (Result, 
 // unless the effect is committed, by this call or an earlier one.
 func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdict {
 	fp := fingerprint(body)
-	token, found, err := f.store.claim(ctx, p.Name, ev.ID, fp)
+	claimCtx, span := f.span(ctx, spanClaim)
+	token, found, err := f.store.claim(claimCtx, p.Name, ev.ID, fp)
+	endSpan(span, err)
 	if err != nil && ctx.Err() != nil {
 		// The caller gave up (the provider hung up, a replay or sweep was
 		// stopped), not Redis: running the effect now would bypass a claim
@@ -273,7 +293,10 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 	if v.busy {
 		// Not a failure of the event: the claim goes back as if it had not
 		// been taken, and the ledger keeps nothing.
-		if err := f.store.giveBack(bg, p.Name, ev.ID, token); err != nil {
+		ctx, span := f.span(bg, spanGiveBack)
+		err := f.store.giveBack(ctx, p.Name, ev.ID, token)
+		endSpan(span, err)
+		if err != nil {
 			v.err = errors.Join(v.err, err)
 		}
 		return v
@@ -283,7 +306,9 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		// recorded after the release, it could land over the outcome of a
 		// retry that had already settled the event.
 		f.recordFailure(bg, p, body, ev, v.err)
-		_, failures, err := f.store.release(bg, p.Name, ev.ID, token, p.DedupeTTL)
+		ctx, span := f.span(bg, spanRelease)
+		_, failures, err := f.store.release(ctx, p.Name, ev.ID, token, p.DedupeTTL)
+		endSpan(span, err)
 		if err != nil {
 			// The claim stays until its TTL ends; retries get 409 until then.
 			v.err = errors.Join(v.err, err)
@@ -296,7 +321,10 @@ func (f *Flow) run(ctx context.Context, p Provider, body []byte, ev Event) verdi
 		}
 		return v
 	}
-	if err := f.store.confirm(bg, p.Name, ev.ID, fp, p.DedupeTTL); err != nil {
+	confirmCtx, span := f.span(bg, spanConfirm)
+	err = f.store.confirm(confirmCtx, p.Name, ev.ID, fp, p.DedupeTTL)
+	endSpan(span, err)
+	if err != nil {
 		// The effect is committed, so the answer stays 200. The processing
 		// claim expires on its own; a retry after that re-applies harmlessly.
 		f.metrics.confirmFailures.WithLabelValues(p.Name).Inc()
@@ -344,12 +372,14 @@ const unavailableRetry = 5 * time.Second
 func (f *Flow) apply(ctx context.Context, p Provider, ev Event) (v verdict) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.handlerTimeout)
 	defer cancel()
+	ctx, span := f.span(ctx, spanApply)
 	start := time.Now()
 	defer func() {
 		f.metrics.duration.WithLabelValues(p.Name).Observe(time.Since(start).Seconds())
 		if r := recover(); r != nil {
 			v = verdict{outcome: Failed, err: fmt.Errorf("handler panic: %v", r)}
 		}
+		endSpan(span, v.err)
 	}()
 	effect, err := ev.Apply(ctx)
 	if errors.Is(err, ErrBusy) && ctx.Err() == nil {
@@ -377,6 +407,7 @@ func fingerprint(body []byte) string {
 // record counts and logs one answered delivery.
 func (e *Endpoint) record(ctx context.Context, ev Event, v verdict, start time.Time) {
 	m, name := e.flow.metrics, e.provider.Name
+	e.annotate(ctx, ev, v)
 	if v.outcome == Rejected {
 		reason := rejection(v.err)
 		m.rejections.WithLabelValues(name, reason).Inc()

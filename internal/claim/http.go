@@ -83,8 +83,9 @@ const MaxIDLen = 255
 //
 // It returns the func itself, not an http.Handler, so that a provider can
 // give it a type of its own by conversion, at no extra call per delivery.
+// With tracing on, the func is otelhttp's around it (the route's span).
 func (e *Endpoint) Handler(decode Decode) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+	return e.traced(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		if !isJSON(r.Header.Get("Content-Type")) {
 			e.answer(w, r, Event{}, verdict{outcome: Rejected, err: ErrNotJSON}, start)
@@ -98,10 +99,12 @@ func (e *Endpoint) Handler(decode Decode) http.HandlerFunc {
 		// The buffer is reused once this delivery is answered: decode must
 		// copy what it keeps, and the flow only fingerprints the bytes.
 		defer b.Release()
+		_, span := e.flow.span(r.Context(), spanVerify)
 		ev, err := decode(r.Header, b.Bytes())
 		if err == nil {
 			err = checkID(ev.ID)
 		}
+		endSpan(span, err)
 		var v verdict
 		switch {
 		case err != nil:
@@ -112,7 +115,7 @@ func (e *Endpoint) Handler(decode Decode) http.HandlerFunc {
 			v = e.flow.run(r.Context(), e.provider, b.Bytes(), ev)
 		}
 		e.answer(w, r, ev, v, start)
-	}
+	})
 }
 
 func (e *Endpoint) answer(w http.ResponseWriter, r *http.Request, ev Event, v verdict, start time.Time) {

@@ -95,7 +95,7 @@ func (s *Store) ApplyCheckout(ctx context.Context, cs CheckoutSession, ev Event)
 		nullString(cs.CustomerID), nullString(cs.SubscriptionID), cs.Mode, cs.Status,
 		nullString(cs.PaymentStatus), nullString(cs.CustomerEmail), metadata, ev.ID, ev.Created,
 		entryID(entry), entryType(entry))
-	br := s.pool.SendBatch(ctx, b)
+	br := ledger.SendBatch(ctx, s.pool, b)
 	var w written
 	_, err = br.Exec()
 	if err == nil {

@@ -296,7 +296,7 @@ func write(ctx context.Context, q querier, sub Subscription, eventID string, cre
 		nullString(sub.PauseCollection), nullTime(sub.AccessEndsAt()), sub.Livemode,
 		metadata, ids, prices, products, lookupKeys, quantities, starts, ends,
 		cause, entryID(entry), entryType(entry), state, cameFrom, creation)
-	br := q.SendBatch(ctx, b)
+	br := ledger.SendBatch(ctx, q, b)
 	var w written
 	_, err = br.Exec()
 	if err == nil {

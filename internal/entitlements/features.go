@@ -104,7 +104,7 @@ func writeFeatures(ctx context.Context, q querier, f Features, eventID string, a
 	b.Queue(lockFeaturesSQL, f.CustomerID)
 	b.Queue(featuresSQL, f.CustomerID, sortedKeys(f.LookupKeys), f.Complete, eventID, at,
 		nullString(successorOf), cause, entryID(entry), entryType(entry), cameFrom)
-	br := q.SendBatch(ctx, b)
+	br := ledger.SendBatch(ctx, q, b)
 	var w written
 	_, err := br.Exec()
 	if err == nil {

@@ -66,8 +66,8 @@ change(kind, subject, customer, event_id, before, after) AS (
 // that row's lock is held.
 const AppendChangeCTE = `
 appended AS (
-    INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after)
-    SELECT now(), c.kind, c.subject, c.customer, c.event_id, c.before, c.after
+    INSERT INTO changes (at, kind, subject, stripe_customer_id, event_id, before, after, traceparent)
+    SELECT now(), c.kind, c.subject, c.customer, c.event_id, c.before, c.after, ` + traceparentSQL + `
     FROM change c
     RETURNING id
 )`
@@ -84,6 +84,10 @@ type Change struct {
 	After            json.RawMessage `json:"after"`
 	// Cursor resumes the feed just after this change.
 	Cursor Cursor `json:"cursor"`
+	// Traceparent is the delivery span that made the change, when its
+	// trace was sampled ("" otherwise): the relay continues that trace.
+	// Not part of the feed's JSON.
+	Traceparent string `json:"-"`
 }
 
 // Cursor is a consumer's position in the feed, whose order is (txid, id):
@@ -187,7 +191,7 @@ WITH h AS MATERIALIZED (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi
 )
 SELECT h.hi::text, c.txid::text, c.id, c.at, c.kind, c.subject,
-       c.stripe_customer_id, c.event_id, c.before, c.after
+       c.stripe_customer_id, c.event_id, c.before, c.after, c.traceparent
 FROM h
 LEFT JOIN LATERAL (
     SELECT * FROM changes
@@ -254,9 +258,9 @@ func readAfter(ctx context.Context, q querier, c Cursor, limit int) ([]Change, C
 		var id *int64
 		var ch Change
 		var at *time.Time
-		var kind, subject *string
+		var kind, subject, traceparent *string
 		if err := rows.Scan(&h, &txid, &id, &at, &kind, &subject, &ch.StripeCustomerID,
-			&ch.EventID, &ch.Before, &ch.After); err != nil {
+			&ch.EventID, &ch.Before, &ch.After, &traceparent); err != nil {
 			return nil, c, fmt.Errorf("read changes: %w", err)
 		}
 		if horizon, err = strconv.ParseUint(h, 10, 64); err != nil {
@@ -266,6 +270,9 @@ func readAfter(ctx context.Context, q querier, c Cursor, limit int) ([]Change, C
 			continue // nothing new below the horizon
 		}
 		ch.ID, ch.At, ch.Kind, ch.Subject = *id, *at, *kind, *subject
+		if traceparent != nil {
+			ch.Traceparent = *traceparent
+		}
 		if ch.Cursor.Lo, err = strconv.ParseUint(*txid, 10, 64); err != nil {
 			return nil, c, fmt.Errorf("read changes: txid %q: %w", *txid, err)
 		}

@@ -16,6 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // Outcome is what became of an event, as stored in webhook_events.outcome.
@@ -68,8 +71,9 @@ var Outcomes = []Outcome{Applied, Unchanged, Stale, Unordered, Ignored, Failed, 
 const RecordCTE = `
 recorded AS (
     INSERT INTO webhook_events AS w (provider, event_id, event_type, subject,
-        outcome, attempts, first_seen_at, finished_at)
-    SELECT j.provider, j.event_id, j.event_type, j.subject, j.outcome, 1, now(), now()
+        outcome, attempts, first_seen_at, finished_at, trace_id)
+    SELECT j.provider, j.event_id, j.event_type, j.subject, j.outcome, 1, now(), now(),
+        split_part(` + traceparentSQL + `, '-', 2)
     FROM judged j
     WHERE j.event_id IS NOT NULL AND j.outcome IS NOT NULL
     ON CONFLICT (provider, event_id) DO UPDATE SET
@@ -78,7 +82,8 @@ recorded AS (
         outcome     = CASE WHEN w.outcome = 'applied' THEN 'applied' ELSE EXCLUDED.outcome END,
         attempts    = w.attempts + 1,
         finished_at = EXCLUDED.finished_at,
-        body        = NULL
+        body        = NULL,
+        trace_id    = coalesce(EXCLUDED.trace_id, w.trace_id)
 )`
 
 // recordSQL is RecordCTE for a verdict reached in Go, inside the
@@ -105,6 +110,9 @@ func Record(ctx context.Context, tx pgx.Tx, e *Entry, subject string, o Outcome)
 	if e == nil {
 		return nil
 	}
+	if err := SetTrace(ctx, tx); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, recordSQL, e.Provider, e.EventID, nullString(e.Type), nullString(subject), string(o)); err != nil {
 		return fmt.Errorf("record %s %s as %s: %w", e.Provider, e.EventID, o, err)
 	}
@@ -117,6 +125,7 @@ type Ledger struct {
 	pool        *pgxpool.Pool
 	poisonAfter int
 	pace        TrimPace
+	tracer      trace.TracerProvider // nil: retention passes are not traced
 }
 
 // New returns a Ledger on pool. poisonAfter is POISON_AFTER: the failed
@@ -125,6 +134,10 @@ func New(pool *pgxpool.Pool, poisonAfter int) *Ledger {
 	return &Ledger{pool: pool, poisonAfter: poisonAfter, pace: TrimPace{Rate: trimRate, Budget: trimBudget}}
 }
 
+// Trace makes each retention pass a trace of its own under tp (nil: none).
+// Call it before RunRetention.
+func (l *Ledger) Trace(tp trace.TracerProvider) { l.tracer = tp }
+
 // failSQL records a failed attempt after its rollback. The body is the
 // verified one, kept for a retry by hand; it replaces an older one (a
 // Stripe event fetched from the API may differ in its request fields).
@@ -132,9 +145,9 @@ func New(pool *pgxpool.Pool, poisonAfter int) *Ledger {
 // and a later failure (a retry by hand that broke) does not undo it.
 const failSQL = `
 INSERT INTO webhook_events AS w (provider, event_id, event_type, outcome,
-    attempts, first_seen_at, finished_at, last_error, body)
+    attempts, first_seen_at, finished_at, last_error, body, trace_id)
 VALUES ($1, $2, $3, CASE WHEN $6::int > 0 AND 1 >= $6::int THEN 'dead' ELSE 'failed' END,
-    1, now(), now(), $4, $5)
+    1, now(), now(), $4, $5, nullif($7::text, ''))
 ON CONFLICT (provider, event_id) DO UPDATE SET
     event_type  = coalesce(EXCLUDED.event_type, w.event_type),
     outcome     = CASE
@@ -144,6 +157,7 @@ ON CONFLICT (provider, event_id) DO UPDATE SET
     attempts    = w.attempts + 1,
     finished_at = EXCLUDED.finished_at,
     last_error  = EXCLUDED.last_error,
+    trace_id    = coalesce(EXCLUDED.trace_id, w.trace_id),
     body        = CASE WHEN w.outcome = 'applied' THEN NULL ELSE coalesce(EXCLUDED.body, w.body) END
 RETURNING outcome, attempts`
 
@@ -165,7 +179,7 @@ func (l *Ledger) RecordFailure(ctx context.Context, provider, eventID, eventType
 	msg = string(bytes.ToValidUTF8([]byte(msg), []byte("?")))
 	var outcome string
 	var attempts int
-	err = l.pool.QueryRow(ctx, failSQL, provider, eventID, nullString(eventType), msg, body, l.poisonAfter).
+	err = l.pool.QueryRow(ctx, failSQL, provider, eventID, nullString(eventType), msg, body, l.poisonAfter, tracing.TraceID(ctx)).
 		Scan(&outcome, &attempts)
 	if err != nil {
 		return false, fmt.Errorf("record failure of %s %s: %w", provider, eventID, err)
@@ -189,15 +203,18 @@ type Event struct {
 	// never printed.
 	BodyBytes int    `json:"body_bytes"`
 	Body      []byte `json:"-"`
+	// TraceID is the trace of the last traced attempt that reached the
+	// store or failed (tracing on and the trace sampled); nil otherwise.
+	TraceID *string `json:"trace_id,omitempty"`
 }
 
 const eventColumns = `id, provider, event_id, event_type, subject, outcome, attempts,
-    first_seen_at, finished_at, last_error, coalesce(length(body), 0)`
+    first_seen_at, finished_at, last_error, coalesce(length(body), 0), trace_id`
 
 func scanEvent(row pgx.Row, withBody bool) (Event, error) {
 	var e Event
 	dest := []any{&e.ID, &e.Provider, &e.EventID, &e.EventType, &e.Subject, &e.Outcome,
-		&e.Attempts, &e.FirstSeenAt, &e.FinishedAt, &e.LastError, &e.BodyBytes}
+		&e.Attempts, &e.FirstSeenAt, &e.FinishedAt, &e.LastError, &e.BodyBytes, &e.TraceID}
 	if withBody {
 		dest = append(dest, &e.Body)
 	}

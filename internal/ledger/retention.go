@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // trimBatch is how many rows one DELETE removes: small enough that each
@@ -172,7 +174,9 @@ func (l *Ledger) RunRetention(ctx context.Context, retention, interval time.Dura
 	}
 	for {
 		start := time.Now()
-		events, changes, err := l.Trim(ctx, retention)
+		passCtx, end := tracing.Root(ctx, l.tracer, "ledger retention")
+		events, changes, err := l.Trim(passCtx, retention)
+		end(err)
 		switch {
 		case ctx.Err() != nil:
 			return

@@ -19,8 +19,10 @@ import (
 	"unicode/utf8"
 
 	svix "github.com/svix/svix-webhooks/go"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // AppWebhookConsumer is the consumer name of the app's webhook.
@@ -250,6 +252,9 @@ func (a *AppWebhook) post(ctx context.Context, id string, body []byte) (string, 
 	req.Header.Set("webhook-id", id)
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set("webhook-signature", sig)
+	// The relay's span for this attempt, when traced: the app's own trace
+	// continues the delivery's (nothing is written when untraced).
+	tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := a.client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -19,8 +19,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/resend/resend-go/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // ForwardConsumer is the consumer that forwards support messages to the
@@ -42,6 +44,9 @@ type ForwardConfig struct {
 	// MaxBytes is Resend's limit on one email (0: MaxEmailBytes); tests
 	// lower it.
 	MaxBytes int
+	// tracer is Config.Tracer: each send is a client span, and its request
+	// carries traceparent.
+	tracer trace.TracerProvider
 }
 
 // MaxEmailBytes is Resend's limit on one email, attachments included,
@@ -70,7 +75,10 @@ type Forward struct {
 func NewForward(pool *pgxpool.Pool, cfg ForwardConfig) *Forward {
 	// The API key goes to RESEND_API_URL alone: a redirect is not
 	// followed (a send is never moved elsewhere by Resend).
-	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	hc := &http.Client{
+		Transport:     tracing.Transport(cfg.tracer, nil),
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	c := resend.NewCustomClient(hc, cfg.APIKey)
 	if cfg.APIURL != nil {
 		u := *cfg.APIURL

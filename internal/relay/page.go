@@ -260,7 +260,9 @@ func (r *Relay) sendChains(ctx context.Context, c Consumer, chains [][]*taken, d
 			defer func() { <-sem }()
 			for i, t := range chain {
 				actx, cancel := context.WithTimeout(ctx, r.timeout)
+				actx, span := r.span(actx, c, t.change)
 				t.result, t.err = c.Destination.Deliver(actx, t.change)
+				endSpan(span, t.result, t.err)
 				cancel()
 				if ctx.Err() != nil {
 					return // not recorded: sent again from the cursor

@@ -24,10 +24,13 @@ type storedChange struct {
 	EventID          *string         `json:"event_id"`
 	Before           json.RawMessage `json:"before"`
 	After            json.RawMessage `json:"after"`
+	// Traceparent is the change's (ledger.Change), so that a retry, by
+	// the schedule or by hand, continues the same trace.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 func marshalChange(ch ledger.Change) ([]byte, error) {
-	return json.Marshal(storedChange{ch.ID, ch.At, ch.Kind, ch.Subject, ch.StripeCustomerID, ch.EventID, ch.Before, ch.After})
+	return json.Marshal(storedChange{ch.ID, ch.At, ch.Kind, ch.Subject, ch.StripeCustomerID, ch.EventID, ch.Before, ch.After, ch.Traceparent})
 }
 
 func unmarshalChange(b []byte) (ledger.Change, error) {
@@ -36,7 +39,8 @@ func unmarshalChange(b []byte) (ledger.Change, error) {
 		return ledger.Change{}, fmt.Errorf("stored change: %w", err)
 	}
 	return ledger.Change{ID: s.ID, At: s.At, Kind: s.Kind, Subject: s.Subject,
-		StripeCustomerID: s.StripeCustomerID, EventID: s.EventID, Before: s.Before, After: s.After}, nil
+		StripeCustomerID: s.StripeCustomerID, EventID: s.EventID, Before: s.Before, After: s.After,
+		Traceparent: s.Traceparent}, nil
 }
 
 // Delivery is one row of relay_deliveries, as relay list prints it.

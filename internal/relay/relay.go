@@ -26,8 +26,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/ledger"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // Fence returns an error when this replica no longer leads. The relay
@@ -96,6 +98,9 @@ type Config struct {
 	Retention  time.Duration
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Tracer, when not nil, traces each attempt (internal/tracing) and
+	// the forward's calls to Resend; nil adds no instrumentation.
+	Tracer trace.TracerProvider
 }
 
 // Relay follows the feed for its consumers.
@@ -110,6 +115,7 @@ type Relay struct {
 	logger    *slog.Logger
 	metrics   *metrics
 	now       func() time.Time
+	tracer    trace.Tracer // nil: tracing is off
 	// replan goes before the arguments of the statements that read and
 	// write relay_deliveries by batch (batchArgs). Under pgx's default
 	// mode, a prepared statement settles on a generic plan after five
@@ -148,6 +154,10 @@ func New(cfg Config) *Relay {
 	}
 	if r.logger == nil {
 		r.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Tracer != nil {
+		r.tracer = cfg.Tracer.Tracer(tracing.ScopeName)
+		cfg.Forward.tracer = cfg.Tracer
 	}
 	if cfg.Pool != nil && cfg.Pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		r.replan = []any{pgx.QueryExecModeExec}

@@ -65,7 +65,9 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 		return Delivery{}, err
 	}
 	actx, cancel := context.WithTimeout(ctx, r.timeout)
+	actx, span := r.span(actx, c, d.change)
 	d.result, d.err = c.Destination.Deliver(actx, d.change)
+	endSpan(span, d.result, d.err)
 	cancel()
 	if err := ctx.Err(); err != nil {
 		return Delivery{}, err

@@ -11,6 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // maxRedirects is how many redirects a download, or an API call, follows.
@@ -116,20 +120,20 @@ func refuseNonPublic(_ context.Context, network, address string, _ syscall.RawCo
 // a private mirror) lifts the address and scheme rule. No proxy: the
 // address checked must be the one the content comes from. The delivery's
 // context bounds each download.
-func newDownloadClient(allowPrivate bool) *http.Client {
+func newDownloadClient(allowPrivate bool, tp trace.TracerProvider) *http.Client {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	if !allowPrivate {
 		dialer.ControlContext = refuseNonPublic
 	}
 	return &http.Client{
-		Transport: &http.Transport{
+		Transport: tracing.Transport(tp, &http.Transport{
 			DialContext:           dialer.DialContext,
 			ForceAttemptHTTP2:     true,
 			MaxIdleConns:          16,
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ExpectContinueTimeout: time.Second,
-		},
+		}),
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if len(via) > maxRedirects {
 				return fmt.Errorf("%w: more than %d redirects", errRefusedTarget, maxRedirects)

@@ -151,7 +151,7 @@ func TestDownloadClient(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			hits.Store(0)
-			c := newDownloadClient(tc.allowPrivate)
+			c := newDownloadClient(tc.allowPrivate, nil)
 			c.Transport.(*http.Transport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
 			t.Cleanup(c.CloseIdleConnections)
 			resp, err := c.Get(tc.url)
@@ -172,7 +172,7 @@ func TestDownloadClient(t *testing.T) {
 // URL without its query, where the signature (a bearer credential) is.
 func TestDownloadErrorHidesSignature(t *testing.T) {
 	t.Parallel()
-	d := downloader{client: newDownloadClient(true), max: 1 << 20, allowPrivate: true}
+	d := downloader{client: newDownloadClient(true, nil), max: 1 << 20, allowPrivate: true}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

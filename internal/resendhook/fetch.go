@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/resend/resend-go/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/support"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // errNotFound is the Resend API's 404. For a received email Resend has just
@@ -67,9 +69,9 @@ const maxErrorBytes = 64 << 10
 // newClient returns a Resend client on apiURL. The request's context (the
 // delivery's, under the handler deadline) bounds each call, so the
 // http.Client needs no timeout of its own.
-func newClient(apiURL *url.URL, apiKey string) *resend.Client {
+func newClient(apiURL *url.URL, apiKey string, tp trace.TracerProvider) *resend.Client {
 	hc := &http.Client{
-		Transport:     notFoundTransport{base: http.DefaultTransport},
+		Transport:     notFoundTransport{base: tracing.Transport(tp, http.DefaultTransport)},
 		CheckRedirect: apiRedirects(apiURL),
 	}
 	c := resend.NewCustomClient(hc, apiKey)

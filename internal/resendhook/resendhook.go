@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/resend/resend-go/v3"
 	svix "github.com/svix/svix-webhooks/go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/claim"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
@@ -48,6 +49,9 @@ type Config struct {
 	// A nil Logger discards; a nil Registerer leaves the metrics unregistered.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Tracer, when not nil, makes each call to the Resend API and each
+	// attachment download a client span (internal/tracing); nil: none.
+	Tracer trace.TracerProvider
 }
 
 type handler struct {
@@ -93,9 +97,9 @@ func New(cfg Config) *Receiver {
 	h := &handler{
 		queue:  cfg.Queue,
 		wh:     cfg.Webhook,
-		client: newClient(cfg.APIURL, cfg.APIKey),
+		client: newClient(cfg.APIURL, cfg.APIKey, cfg.Tracer),
 		downloads: downloader{
-			client:       newDownloadClient(cfg.DownloadAllowPrivate),
+			client:       newDownloadClient(cfg.DownloadAllowPrivate, cfg.Tracer),
 			max:          cfg.AttachmentMaxBytes,
 			allowPrivate: cfg.DownloadAllowPrivate,
 		},

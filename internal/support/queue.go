@@ -266,6 +266,9 @@ func record(ctx context.Context, tx pgx.Tx, e *ledger.Entry, id int64, inserted 
 	if e != nil {
 		provider, eventID, eventType = &e.Provider, &e.EventID, nullString(e.Type)
 	}
+	if err := ledger.SetTrace(ctx, tx); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, recordSQL, id, eventID, inserted, provider, eventType); err != nil {
 		return fmt.Errorf("record message %d: %w", id, err)
 	}
