@@ -60,6 +60,19 @@ func connect(t *testing.T, dbURL, application string) *pgx.Conn {
 	return conn
 }
 
+// later runs fn after d on a goroutine of its own, and the test's
+// cleanup waits for it to end: fn uses a connection that an earlier
+// cleanup closes, and closing it while fn still runs is a data race.
+func later(t *testing.T, d time.Duration, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	time.AfterFunc(d, func() {
+		defer close(done)
+		fn()
+	})
+	t.Cleanup(func() { <-done })
+}
+
 func openDB(t *testing.T, dbURL string) *sql.DB {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dbURL)
@@ -191,7 +204,7 @@ func TestMigrationRetriesUntilTheLockIsFree(t *testing.T) {
 	t.Parallel()
 	dbURL := pendingReleases(t)
 	_, endReader := holdReader(t, dbURL)
-	time.AfterFunc(time.Second, endReader)
+	later(t, time.Second, endReader)
 	stopWrites := writeLoop(t, dbURL)
 
 	applied, logs, err := applyPatiently(t, dbURL)
@@ -293,7 +306,7 @@ func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM entitlements`); err != nil {
 		t.Fatal(err)
 	}
-	time.AfterFunc(1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
+	later(t, 1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
 
 	applied, logs, err := applyPatiently(t, dbURL)
 	if err != nil {
