@@ -76,7 +76,7 @@ func TestRenderComparison(t *testing.T) {
 	renderedInBothModes(t, c, "Postgres durable (fsync, synchronous_commit and full_page_writes on)",
 		"| this build | 1,000 | 1.00 | 1.00 | 103 | 177 | 207 | 0.00 | 0.00 | 0.00 |",
 		"| ../pre | 1,000 | 1.00 | 1.00 | 82 | 133 | 163 | 0.00 | 0.00 | 0.00 |",
-		"| change | +0 % |  |  | +27 % | +32 % | +27 % |  |  |  |",
+		"| change | +0 % | x1.00 | x1.00 | +27 % | +32 % | +27 % |  |  |  |",
 		"Delivery CPU, this build's change round by round: median +20 %, from +10 % to +50 %.")
 }
 
@@ -114,7 +114,7 @@ func TestRenderAppWebhook(t *testing.T) {
 	renderedInBothModes(t, c, "Written by `go run ./tools/bench -app-webhook`",
 		"| app webhook on | 1,000 | 1.00 | 1.00 | 115 | 200 | 230 |",
 		"| relay off | 1,000 | 1.00 | 1.00 | 65 | 100 | 130 |",
-		"| change | +0 % |  |  | +77 % | +100 % | +77 % |  |  |  |",
+		"| change | +0 % | x1.00 | x1.00 | +77 % | +100 % | +77 % |  |  |  |",
 		"| app webhook on, less the relay's work |  |  |  | 65 | 100 | 130 |  |  |  |",
 		"| change, less the relay's work |  |  |  | +0 % | +0 % | +0 % |  |  |  |",
 		"(200 of the 1000 webhooks the runs caused): 50 µs of process CPU and 100 µs of all our CPU a webhook",
