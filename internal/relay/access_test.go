@@ -270,8 +270,11 @@ func TestAccessChangedKeepsAnExactCopy(t *testing.T) {
 	if after != feed {
 		t.Errorf("the feed grew from %d to %d rows for an end of access", feed, after)
 	}
-	if !app.latest["cus_a"].HasAccess {
-		t.Errorf("cus_a lost access with sub_a1 still active: %+v", app.latest["cus_a"])
+	app.mu.Lock()
+	latest := app.latest["cus_a"]
+	app.mu.Unlock()
+	if !latest.HasAccess {
+		t.Errorf("cus_a lost access with sub_a1 still active: %+v", latest)
 	}
 	if n := counterValue(t, reg, "relay_access_expiries_total", "delivered"); n < 1 {
 		t.Errorf("relay_access_expiries_total{outcome=delivered} = %v, want at least 1", n)
