@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -146,7 +145,7 @@ func backfillCommand(ctx context.Context, args, environ []string, stdout, stderr
 			fmt.Fprintf(stderr, "backfill: %d customers, %d delivered, %d failed\n", r.Customers, r.Delivered, len(r.Failed))
 		},
 	}, *after)
-	if encErr := json.NewEncoder(stdout).Encode(res); encErr != nil && err == nil {
+	if encErr := jsonLines(stdout).Encode(res); encErr != nil && err == nil {
 		err = encErr
 	}
 	if err != nil {
