@@ -134,7 +134,7 @@ func accessRelay(t *testing.T, pool *pgxpool.Pool, url string) *prometheus.Regis
 	app := newAppWebhook(t, url, relay.KindAccess)
 	answers := access.NewStore(pool)
 	reg := prometheus.NewRegistry()
-	r := relay.New(relay.Config{Pool: pool, Consumers: []relay.Consumer{relay.AppConsumer(app, answers)}, Poll: 10 * time.Millisecond})
+	r := relay.New(relay.Config{Pool: pool, Consumers: relay.AppConsumers(app, answers), Poll: 10 * time.Millisecond})
 	ex := relay.NewExpiry(relay.ExpiryConfig{Pool: pool, App: app, Answers: answers, Every: 100 * time.Millisecond, Registerer: reg})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -146,10 +146,10 @@ func accessRelay(t *testing.T, pool *pgxpool.Pool, url string) *prometheus.Regis
 		})
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	waitFor(t, "the app_webhook consumer and the expiry mark", func() bool {
+	waitFor(t, "the app_access consumer and the expiry mark", func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM feed_consumers WHERE name = 'app_webhook')
-            + (SELECT count(*) FROM access_expiry WHERE consumer = 'app_webhook')`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM feed_consumers WHERE name = 'app_access')
+            + (SELECT count(*) FROM access_expiry WHERE consumer = 'app_access')`).Scan(&n)
 		return n == 2
 	})
 	return reg
@@ -456,7 +456,7 @@ func TestAccessChangedInOrderPerCustomer(t *testing.T) {
 	// wait for every delivery, not just for the copy.
 	waitFor(t, "every change delivered", func() bool {
 		delivered := 0
-		_ = relay.List(context.Background(), pool, relay.AppWebhookConsumer, relay.Delivered, func(relay.Delivery) error { delivered++; return nil })
+		_ = relay.List(context.Background(), pool, relay.AppAccessConsumer, relay.Delivered, func(relay.Delivery) error { delivered++; return nil })
 		return delivered == len(events)
 	})
 	if diff := cmp.Diff(viewCopy(t, pool), app.copy()); diff != "" {
