@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,7 +107,8 @@ func (c config) expiry(pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.R
 const backfillUsage = `usage: munchable-webhooks relay backfill app_webhook [--rate N] [--after CURSOR]
 
 Sends every customer's current access answer to APP_WEBHOOK_URL once, as
-access.changed (APP_WEBHOOK_KINDS must include access), in stripe_customer_id
+access.changed (APP_WEBHOOK_KINDS must include access; app_access, the
+consumer that sends access.changed, is accepted too), in stripe_customer_id
 order, at most N a second (default 10): for an app that turns access on after
 the fact. Needs the service's configuration. Prints progress to stderr, and a
 summary JSON line to stdout ({"customers", "delivered", "failed": [ids],
@@ -122,8 +122,8 @@ func backfillCommand(ctx context.Context, args, environ []string, stdout, stderr
 	if err != nil {
 		return err
 	}
-	if pos[0] != relay.AppWebhookConsumer {
-		return cmd.misuse("consumer %q: only app_webhook has answers to backfill", pos[0])
+	if pos[0] != relay.AppWebhookConsumer && pos[0] != relay.AppAccessConsumer {
+		return cmd.misuse("consumer %q: only app_webhook (app_access) has answers to backfill", pos[0])
 	}
 	if *rate <= 0 || *rate > 1000 {
 		return cmd.misuse("--rate %v: want answers a second, above 0 and at most 1000", *rate)
@@ -146,7 +146,7 @@ func backfillCommand(ctx context.Context, args, environ []string, stdout, stderr
 			fmt.Fprintf(stderr, "backfill: %d customers, %d delivered, %d failed\n", r.Customers, r.Delivered, len(r.Failed))
 		},
 	}, *after)
-	if encErr := json.NewEncoder(stdout).Encode(res); encErr != nil && err == nil {
+	if encErr := jsonLines(stdout).Encode(res); encErr != nil && err == nil {
 		err = encErr
 	}
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	svix "github.com/svix/svix-webhooks/go"
 
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
+	"github.com/munchable/munchable-webhooks/internal/relay"
 )
 
 // TestAPITokenConfig: a short or blank token is refused, without the
@@ -116,7 +117,7 @@ func TestAccessAPIServed(t *testing.T) {
 	}
 }
 
-// TestBackfillCommand: relay backfill app_webhook sends the one
+// TestBackfillCommand: relay backfill app_webhook (or app_access) sends the one
 // customer's answer, verified by the app with svix, prints progress on
 // stderr and the summary on stdout; a wrong consumer or rate is a usage
 // error, and an app without access is refused.
@@ -158,16 +159,57 @@ func TestBackfillCommand(t *testing.T) {
 		t.Errorf("backfill without access in APP_WEBHOOK_KINDS: %v, want refused", err)
 	}
 	cfg["APP_WEBHOOK_KINDS"] = "access"
-	out, stderr, err := runCmd(t, cfg, "relay", "backfill", "app_webhook", "--rate", "100")
-	if err != nil {
-		t.Fatalf("backfill: %v\n%s", err, stderr)
-	}
-	if !strings.Contains(out, `{"customers":1,"delivered":1,"failed":[],"next":""}`) || !strings.Contains(stderr, "1 delivered") {
-		t.Errorf("backfill printed %q and %q, want its summary and progress", out, stderr)
+	// The contract's spelling, and the consumer that sends access.changed.
+	for _, consumer := range []string{"app_webhook", "app_access"} {
+		out, stderr, err := runCmd(t, cfg, "relay", "backfill", consumer, "--rate", "100")
+		if err != nil {
+			t.Fatalf("backfill %s: %v\n%s", consumer, err, stderr)
+		}
+		if !strings.Contains(out, `{"customers":1,"delivered":1,"failed":[],"next":""}`) || !strings.Contains(stderr, "1 delivered") {
+			t.Errorf("backfill %s printed %q and %q, want its summary and progress", consumer, out, stderr)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(got) != 1 || !strings.HasPrefix(got[0], "acc_cus_") {
-		t.Errorf("the app got %q, want one acc_ webhook", got)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "acc_cus_") || !strings.HasPrefix(got[1], "acc_cus_") {
+		t.Errorf("the app got %q, want one acc_ webhook a backfill", got)
+	}
+}
+
+// TestRelayRetryAppAccess: access.changed is the consumer app_access,
+// and relay retry finds it in the service's configuration: a dead one
+// is sent again, as the customer's answer now, and recorded delivered.
+func TestRelayRetryAppAccess(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_YXBwLWFjY2Vzcy1yZXRyeS10ZXN0LXNlY3JldC0xMjM="
+	var mu sync.Mutex
+	var got []string
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		got = append(got, r.Header.Get("webhook-id"))
+		mu.Unlock()
+	}))
+	t.Cleanup(app.Close)
+	dbURL := dbtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	change := `{"id":7,"kind":"subscription","subject":"sub_r1","stripe_customer_id":"cus_r1","before":null,"after":{"status":"active"}}`
+	if _, err := pool.Exec(context.Background(), `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, last_error, change)
+VALUES ('app_access', 7, 'sub_r1', 'cus_r1', 'dead', 8, 'app answered 503', $1)`, change); err != nil {
+		t.Fatal(err)
+	}
+	env := validEnv()
+	env["DATABASE_URL"] = dbURL
+	env["APP_WEBHOOK_URL"], env["APP_WEBHOOK_SECRET"], env["APP_WEBHOOK_ALLOW_HTTP"] = app.URL+"/hooks", secret, "true"
+	env["APP_WEBHOOK_KINDS"] = "subscription,access"
+	out, stderr, err := runCmd(t, env, "relay", "retry", "app_access", "7")
+	var d relay.Delivery
+	if err != nil || json.Unmarshal([]byte(out), &d) != nil || d.State != relay.Delivered {
+		t.Fatalf("relay retry app_access 7 = %q, %v\n%s; want delivered", out, err, stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "acc_cus_r1_") {
+		t.Errorf("the app got %q, want one acc_cus_r1_ webhook", got)
 	}
 }

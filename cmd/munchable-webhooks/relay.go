@@ -72,7 +72,7 @@ func (c config) relayConfig(pool *pgxpool.Pool, logger *slog.Logger, reg prometh
 	}
 	var consumers []relay.Consumer
 	if c.appWebhook != nil {
-		consumers = append(consumers, relay.AppConsumer(c.appWebhook, access.NewStore(pool)))
+		consumers = append(consumers, relay.AppConsumers(c.appWebhook, access.NewStore(pool))...)
 	}
 	return relay.Config{
 		Pool:      pool,
@@ -120,7 +120,8 @@ const relayUsage = `usage: munchable-webhooks relay COMMAND [flags] ARGS
 
 Reads and retries the relay's deliveries (relay_deliveries in DATABASE_URL):
 one row per consumer (forward: support messages to SUPPORT_FORWARD_TO;
-app_webhook: changes to the app) and change it sent or holds back.
+app_webhook: changes to the app; app_access: access.changed to the app, when
+APP_WEBHOOK_KINDS has access) and change it sent or holds back.
 
 commands:
   list [--consumer C] [--state S]

@@ -46,7 +46,7 @@ func TestReceiverFollowsTheQuickStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := relay.New(relay.Config{Pool: pool, Consumers: []relay.Consumer{relay.AppConsumer(sender, access.NewStore(pool))},
+	r := relay.New(relay.Config{Pool: pool, Consumers: relay.AppConsumers(sender, access.NewStore(pool)),
 		Poll: 10 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -58,7 +58,7 @@ func TestReceiverFollowsTheQuickStart(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM feed_consumers WHERE name = 'app_webhook'`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM feed_consumers WHERE name = 'app_access'`).Scan(&n)
 		if n == 1 {
 			break
 		}

@@ -38,23 +38,34 @@ func IsAppWebhookKind(k string) bool { return k == KindAccess || IsChangeKind(k)
 // Access reports whether the app asked for access.changed.
 func (a *AppWebhook) Access() bool { return slices.Contains(a.kinds, KindAccess) }
 
-// AppConsumer is the consumer app_webhook of app. With access, its
-// changes go in order per customer (an answer is a customer's), and each
-// change that can move a customer's answer is followed by the customer's
-// access.changed, read from answers when it is sent: the answer is then
-// at least as new as the change, often newer, and its version says which
-// is the newest (internal/access).
-func AppConsumer(app *AppWebhook, answers *access.Store) Consumer {
-	c := Consumer{Name: AppWebhookConsumer, Kinds: app.Kinds(), Destination: app, Parallel: AppWebhookParallel}
-	if app.Access() {
-		c.Destination = &appAccess{app: app, answers: answers}
-		c.OrderBy = customerOf
+// AppAccessConsumer is the consumer name of access.changed: the app's
+// webhook (same URL, same secret), in a consumer of its own so that it
+// has its own start, cursor and order (per customer), and a relay leader
+// without it (a replica without access, mid-rollout) disables it without
+// moving its cursor, as with any consumer.
+const AppAccessConsumer = "app_access"
+
+// AppConsumers are the consumers of app: app_webhook, the change kinds
+// the app asked for, one webhook a change in order per subject; and,
+// with access, app_access, the customer's answer after each change that
+// can move it, in order per customer. The answer is read when it is
+// sent: it is then at least as new as the change, often newer, and its
+// version says which is the newest (internal/access).
+func AppConsumers(app *AppWebhook, answers *access.Store) []Consumer {
+	var out []Consumer
+	if kinds := app.Kinds(); len(kinds) > 0 {
+		out = append(out, Consumer{Name: AppWebhookConsumer, Kinds: kinds, Destination: app, Parallel: AppWebhookParallel})
 	}
-	return c
+	if app.Access() {
+		out = append(out, Consumer{
+			Name: AppAccessConsumer, Kinds: slices.Clone(accessKinds), Takes: movesAnswer,
+			Destination: &appAccess{app: app, answers: answers}, Parallel: AppWebhookParallel, OrderBy: customerOf,
+		})
+	}
+	return out
 }
 
-// customerOf is a change's customer, "" for one without (a support
-// message, whose order then goes by its subject).
+// customerOf is a change's customer, "" for one without.
 func customerOf(ch ledger.Change) string {
 	if ch.StripeCustomerID == nil {
 		return ""
@@ -62,33 +73,20 @@ func customerOf(ch ledger.Change) string {
 	return *ch.StripeCustomerID
 }
 
-// appAccess is the app's webhook with access.changed.
+// appAccess is the app's webhook sending access.changed.
 type appAccess struct {
 	app     *AppWebhook
 	answers *access.Store
 }
 
-// Deliver sends ch as its kind's webhook when the app asked for it, then
-// the customer's answer when ch can move it. A retry after the answer
-// failed sends the change's webhook again under its same webhook-id,
-// which the app dedupes.
+// Deliver sends the answer of ch's customer, read now. The relay hands
+// it only changes that can move an answer (movesAnswer); any other is
+// skipped.
 func (d *appAccess) Deliver(ctx context.Context, ch ledger.Change) (string, error) {
-	result := ""
-	if slices.Contains(d.app.kinds, ch.Kind) {
-		r, err := d.app.Deliver(ctx, ch)
-		if err != nil {
-			return r, err
-		}
-		result = r
+	if !movesAnswer(ch) {
+		return "", fmt.Errorf("%w: change %d does not move a customer's access answer", ErrSkip, ch.ID)
 	}
-	customer := customerOf(ch)
-	if customer == "" || !movesAnswer(ch) {
-		if result == "" {
-			return "", fmt.Errorf("%w: change %d does not move a customer's access answer", ErrSkip, ch.ID)
-		}
-		return result, nil
-	}
-	ans, err := d.answers.Customer(ctx, customer)
+	ans, err := d.answers.Customer(ctx, customerOf(ch))
 	if err != nil {
 		return "", err
 	}
@@ -96,9 +94,10 @@ func (d *appAccess) Deliver(ctx context.Context, ch ledger.Change) (string, erro
 }
 
 // movesAnswer reports whether ch can move its customer's answer: a new
-// row of an access kind, or a change of a field the answer reads.
+// row of an access kind with a customer, or a change of a field the
+// answer reads.
 func movesAnswer(ch ledger.Change) bool {
-	if !slices.Contains(accessKinds, ch.Kind) {
+	if customerOf(ch) == "" || !slices.Contains(accessKinds, ch.Kind) {
 		return false
 	}
 	if len(ch.Before) == 0 || string(ch.Before) == "null" {
@@ -197,6 +196,8 @@ func NewExpiry(cfg ExpiryConfig) *Expiry {
 const (
 	// A consumer new to access_expiry starts now: endings before it were
 	// never promised (as a new consumer starts at the end of the feed).
+	// Register runs it with the consumer's start; a pass runs it again
+	// for a relay run without Register (it then changes nothing).
 	expiryStartSQL = `INSERT INTO access_expiry (consumer, handled_to, updated_at) VALUES ($1, now(), now())
 ON CONFLICT (consumer) DO NOTHING`
 	expiryMarkSQL = `SELECT handled_to FROM access_expiry WHERE consumer = $1`
@@ -229,10 +230,10 @@ func (e *Expiry) Run(ctx context.Context, fence Fence) error {
 func (e *Expiry) Pass(ctx context.Context, fence Fence) error {
 	var mark time.Time
 	err := e.inTx(ctx, fence, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, expiryStartSQL, AppWebhookConsumer); err != nil {
+		if _, err := tx.Exec(ctx, expiryStartSQL, AppAccessConsumer); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, expiryMarkSQL, AppWebhookConsumer).Scan(&mark)
+		return tx.QueryRow(ctx, expiryMarkSQL, AppAccessConsumer).Scan(&mark)
 	})
 	if err != nil {
 		return fmt.Errorf("relay: access_expiry mark: %w", err)
@@ -248,7 +249,7 @@ func (e *Expiry) Pass(ctx context.Context, fence Fence) error {
 		}
 		if to.After(mark) {
 			if err := e.inTx(ctx, fence, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, expiryMoveSQL, AppWebhookConsumer, to)
+				_, err := tx.Exec(ctx, expiryMoveSQL, AppAccessConsumer, to)
 				return err
 			}); err != nil {
 				return fmt.Errorf("relay: move access_expiry: %w", err)

@@ -134,7 +134,7 @@ func accessRelay(t *testing.T, pool *pgxpool.Pool, url string) *prometheus.Regis
 	app := newAppWebhook(t, url, relay.KindAccess)
 	answers := access.NewStore(pool)
 	reg := prometheus.NewRegistry()
-	r := relay.New(relay.Config{Pool: pool, Consumers: []relay.Consumer{relay.AppConsumer(app, answers)}, Poll: 10 * time.Millisecond})
+	r := relay.New(relay.Config{Pool: pool, Consumers: relay.AppConsumers(app, answers), Poll: 10 * time.Millisecond})
 	ex := relay.NewExpiry(relay.ExpiryConfig{Pool: pool, App: app, Answers: answers, Every: 100 * time.Millisecond, Registerer: reg})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -146,10 +146,10 @@ func accessRelay(t *testing.T, pool *pgxpool.Pool, url string) *prometheus.Regis
 		})
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	waitFor(t, "the app_webhook consumer and the expiry mark", func() bool {
+	waitFor(t, "the app_access consumer and the expiry mark", func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM feed_consumers WHERE name = 'app_webhook')
-            + (SELECT count(*) FROM access_expiry WHERE consumer = 'app_webhook')`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM feed_consumers WHERE name = 'app_access')
+            + (SELECT count(*) FROM access_expiry WHERE consumer = 'app_access')`).Scan(&n)
 		return n == 2
 	})
 	return reg
@@ -270,8 +270,11 @@ func TestAccessChangedKeepsAnExactCopy(t *testing.T) {
 	if after != feed {
 		t.Errorf("the feed grew from %d to %d rows for an end of access", feed, after)
 	}
-	if !app.latest["cus_a"].HasAccess {
-		t.Errorf("cus_a lost access with sub_a1 still active: %+v", app.latest["cus_a"])
+	app.mu.Lock()
+	latest := app.latest["cus_a"]
+	app.mu.Unlock()
+	if !latest.HasAccess {
+		t.Errorf("cus_a lost access with sub_a1 still active: %+v", latest)
 	}
 	if n := counterValue(t, reg, "relay_access_expiries_total", "delivered"); n < 1 {
 		t.Errorf("relay_access_expiries_total{outcome=delivered} = %v, want at least 1", n)
@@ -453,7 +456,7 @@ func TestAccessChangedInOrderPerCustomer(t *testing.T) {
 	// wait for every delivery, not just for the copy.
 	waitFor(t, "every change delivered", func() bool {
 		delivered := 0
-		_ = relay.List(context.Background(), pool, relay.AppWebhookConsumer, relay.Delivered, func(relay.Delivery) error { delivered++; return nil })
+		_ = relay.List(context.Background(), pool, relay.AppAccessConsumer, relay.Delivered, func(relay.Delivery) error { delivered++; return nil })
 		return delivered == len(events)
 	})
 	if diff := cmp.Diff(viewCopy(t, pool), app.copy()); diff != "" {

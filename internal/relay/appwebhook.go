@@ -142,24 +142,11 @@ func IsChangeKind(k string) bool {
 	return false
 }
 
-// Kinds are the change kinds this consumer takes, for the relay to
-// filter on: those the app asked for, and with access those that can move
-// a customer's answer (access.go). Deliver skips any other.
+// Kinds are the change kinds the consumer app_webhook delivers, for the
+// relay to filter on: those the app asked for, without access (the
+// consumer app_access's, access.go); Deliver skips any other.
 func (a *AppWebhook) Kinds() []string {
-	var out []string
-	for _, k := range a.kinds {
-		if k != KindAccess {
-			out = append(out, k)
-		}
-	}
-	if a.Access() {
-		for _, k := range accessKinds {
-			if !slices.Contains(out, k) {
-				out = append(out, k)
-			}
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(a.kinds), func(k string) bool { return k == KindAccess })
 }
 
 // LogValue keeps the signer out of logs; the URL is left out too, since

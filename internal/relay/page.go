@@ -90,7 +90,7 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 	}
 	var items []*taken
 	for _, ch := range page {
-		if slices.Contains(c.Kinds, ch.Kind) {
+		if c.takes(ch) {
 			items = append(items, &taken{delivery: delivery{change: ch}, key: c.orderKey(ch)})
 		}
 	}
@@ -302,10 +302,10 @@ func (r *Relay) insertOutcomes(ctx context.Context, tx pgx.Tx, consumer string, 
 			t.out = r.outcome(&t.delivery, now)
 		}
 		// The change is kept for what may be sent again (relay retry, the
-		// due query); a delivered one never is, by this release or the
-		// previous, so its row keeps no copy.
+		// due query); a delivered or skipped one never is, by this release
+		// or the previous, so its row keeps no copy.
 		bodies[i] = "{}"
-		if t.pending || t.out.state != Delivered {
+		if t.pending || (t.out.state != Delivered && t.out.state != Skipped) {
 			body, err := marshalChange(t.change)
 			if err != nil {
 				return err

@@ -129,3 +129,50 @@ func TestCutMidPage(t *testing.T) {
 		t.Errorf("%d deliveries (%v), want 2", n, err)
 	}
 }
+
+// TestPageTakesAndSkips: a change of the consumer's kinds that its Takes
+// refuses only moves the cursor (no row); one its destination skips is
+// recorded skipped without a copy of the change (it is never sent
+// again); one that failed keeps its copy for the retry.
+func TestPageTakesAndSkips(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	dest := newScript()
+	dest.set("skip", func(int) error { return fmt.Errorf("%w: not for this destination", relay.ErrSkip) })
+	dest.set("fail", func(int) error { return relay.ErrPermanent })
+	r := relay.New(relay.Config{
+		Pool: pool,
+		Consumers: []relay.Consumer{{Name: "test", Kinds: []string{ledger.KindSupportMessage}, Destination: dest,
+			Takes: func(ch ledger.Change) bool { return ch.Subject != "passed" }}},
+		Poll: 10 * time.Millisecond,
+	})
+	if err := r.Register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	passed := addChange(t, pool, ledger.KindSupportMessage, "passed")
+	skip := addChange(t, pool, ledger.KindSupportMessage, "skip")
+	fail := addChange(t, pool, ledger.KindSupportMessage, "fail")
+	ok := addChange(t, pool, ledger.KindSupportMessage, "ok")
+	runFor(t, r, "every change recorded", func() bool { return deliveries(t, pool)[ok].State == relay.Delivered })
+
+	got := deliveries(t, pool)
+	if d, found := got[passed]; found {
+		t.Errorf("a change Takes refused has a delivery: %+v", d)
+	}
+	if got[skip].State != relay.Skipped || got[fail].State != relay.Dead {
+		t.Fatalf("skip %s, fail %s: want skipped, dead", got[skip].State, got[fail].State)
+	}
+	for id, want := range map[int64]bool{skip: false, fail: true, ok: false} {
+		var kept bool
+		if err := pool.QueryRow(context.Background(),
+			`SELECT change <> '{}'::jsonb FROM relay_deliveries WHERE consumer = 'test' AND change_id = $1`, id).Scan(&kept); err != nil {
+			t.Fatal(err)
+		}
+		if kept != want {
+			t.Errorf("change %d (%s): copy kept %v, want %v", id, got[id].State, kept, want)
+		}
+	}
+	if log := dest.log(); slices.Contains(log, fmt.Sprintf("passed/%d", passed)) {
+		t.Errorf("attempts %v: the refused change was sent", log)
+	}
+}

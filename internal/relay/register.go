@@ -55,8 +55,9 @@ RETURNING name`
 const registerWait = 5 * time.Second
 
 // Register records the start of each consumer r has that feed_consumers
-// does not know yet (its cursor at the end of the feed, enabled), and
-// marks the known ones enabled, their cursors untouched. serve calls it
+// does not know yet (its cursor at the end of the feed, enabled; for
+// app_access, the start of its ends of access too), and marks the known
+// ones enabled, their cursors untouched. serve calls it
 // before its listener accepts anything, so that every change the replica
 // accepts is after its consumers' start, whichever replica leads the
 // relay and whenever it gets to them.
@@ -72,6 +73,9 @@ func (r *Relay) register(ctx context.Context, wait time.Duration) error {
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		var err error
 		if added, start, err = addConsumers(ctx, tx, names); err != nil {
+			return err
+		}
+		if err := startExpiry(ctx, tx, names); err != nil {
 			return err
 		}
 		reenabled, err = collectNames(tx.Query(ctx, reenableSQL, names))
@@ -136,6 +140,18 @@ func addConsumers(ctx context.Context, tx pgx.Tx, names []string) ([]string, uin
 	start := ledger.Cursor{Lo: txid}
 	added, err := collectNames(tx.Query(ctx, addConsumerSQL, names, start.String(), fmt.Sprint(start.Floor())))
 	return added, txid, err
+}
+
+// startExpiry records, when names has app_access, where its ends of
+// access start (access_expiry, as of now) unless they already have a
+// mark: with the consumer's start, so that an ending that passes before
+// any relay leader with access runs its first pass is sent too.
+func startExpiry(ctx context.Context, tx pgx.Tx, names []string) error {
+	if !slices.Contains(names, AppAccessConsumer) {
+		return nil
+	}
+	_, err := tx.Exec(ctx, expiryStartSQL, AppAccessConsumer)
+	return err
 }
 
 func collectNames(rows pgx.Rows, err error) ([]string, error) {

@@ -55,6 +55,15 @@ type Consumer struct {
 	// OrderBy is what a change's order goes by: a change waits for the
 	// older changes with the same key. nil: its subject.
 	OrderBy func(ledger.Change) string
+	// Takes, when not nil, narrows Kinds: a change of its kinds that
+	// Takes refuses passes it by as other kinds do (no delivery is
+	// recorded), since the destination would never send it.
+	Takes func(ledger.Change) bool
+}
+
+// takes reports whether c records a delivery for ch.
+func (c Consumer) takes(ch ledger.Change) bool {
+	return slices.Contains(c.Kinds, ch.Kind) && (c.Takes == nil || c.Takes(ch))
 }
 
 // orderKey is ch's key for c.
