@@ -278,38 +278,57 @@ func TestVerify(t *testing.T) {
 // An index built CONCURRENTLY waits for every transaction older than it,
 // and that wait is a lock wait: lock_timeout ends it, the build leaves an
 // invalid index, and the next try drops it and builds it again, until the
-// old transaction is gone. Deliveries write on meanwhile.
+// old transaction is gone (IF NOT EXISTS would keep the invalid one for
+// good). Deliveries write on meanwhile.
 func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 	t.Parallel()
-	dbURL := databaseAt(t, 10) // 00011 builds checkout_sessions_subscription
-	// pg_dump's kind of transaction: one snapshot for its whole life,
-	// which is what a CONCURRENTLY build waits for (a READ COMMITTED
-	// transaction between statements holds none).
-	conn := connect(t, dbURL, "pg_dump")
-	tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM entitlements`); err != nil {
-		t.Fatal(err)
-	}
-	time.AfterFunc(1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
+	for _, tc := range []struct {
+		before    int64 // the version the database is at
+		migration string
+		index     string
+		table     string // a table the old transaction reads
+	}{
+		{10, "00011_access_at_scale.sql", "checkout_sessions_subscription", "entitlements"},
+		{15, "00016_access_expiry.sql", "entitlements_access_ends", "entitlements"},
+	} {
+		t.Run(tc.migration, func(t *testing.T) {
+			t.Parallel()
+			dbURL := databaseAt(t, tc.before)
+			// pg_dump's kind of transaction: one snapshot for its whole
+			// life, which is what a CONCURRENTLY build waits for (a READ
+			// COMMITTED transaction between statements holds none).
+			conn := connect(t, dbURL, "pg_dump")
+			tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM `+tc.table); err != nil {
+				t.Fatal(err)
+			}
+			ended := make(chan struct{})
+			time.AfterFunc(1500*time.Millisecond, func() {
+				_ = tx.Rollback(context.Background())
+				close(ended)
+			})
 
-	applied, logs, err := applyPatiently(t, dbURL)
-	if err != nil {
-		t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
-	}
-	if len(applied) == 0 || applied[0] != "00011_access_at_scale.sql" {
-		t.Errorf("applied %v, want 00011_access_at_scale.sql first", applied)
-	}
-	if !strings.Contains(logs.String(), `"migration":"00011_access_at_scale.sql"`) ||
-		!strings.Contains(logs.String(), `blocked on the end of its transaction (virtualxid lock) by pid`) {
-		t.Errorf("00011's build never waited out its lock timeout:\n%s", logs.String())
-	}
-	var valid bool
-	err = openDB(t, dbURL).QueryRow(`SELECT i.indisvalid FROM pg_index i
-		WHERE i.indexrelid = 'checkout_sessions_subscription'::regclass`).Scan(&valid)
-	if err != nil || !valid {
-		t.Errorf("checkout_sessions_subscription valid = %v (%v), want a valid index", valid, err)
+			applied, logs, err := applyPatiently(t, dbURL)
+			<-ended // conn is closed in t.Cleanup: not while Rollback uses it
+			if err != nil {
+				t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
+			}
+			if len(applied) == 0 || applied[0] != tc.migration {
+				t.Errorf("applied %v, want %s first", applied, tc.migration)
+			}
+			if !strings.Contains(logs.String(), `"migration":"`+tc.migration+`"`) ||
+				!strings.Contains(logs.String(), `blocked on the end of its transaction (virtualxid lock) by pid`) {
+				t.Errorf("%s's build never waited out its lock timeout:\n%s", tc.migration, logs.String())
+			}
+			var valid bool
+			err = openDB(t, dbURL).QueryRow(`SELECT i.indisvalid FROM pg_index i
+				WHERE i.indexrelid = $1::regclass`, tc.index).Scan(&valid)
+			if err != nil || !valid {
+				t.Errorf("%s valid = %v (%v), want a valid index", tc.index, valid, err)
+			}
+		})
 	}
 }
