@@ -48,9 +48,21 @@ func DefaultOptions() Options {
 	return Options{LockTimeout: 2 * time.Second, Attempts: 10, Backoff: time.Second, MaxBackoff: 15 * time.Second}
 }
 
-// lockNotAvailable is Postgres's SQLSTATE for "canceling statement due to
-// lock timeout".
-const lockNotAvailable = "55P03"
+// Postgres's SQLSTATEs for the lock waits a migration is tried again
+// after: "canceling statement due to lock timeout", and a deadlock with
+// another session, which Postgres ends by cancelling one side (the
+// migration's transaction is rolled back, as after a lock timeout).
+const (
+	lockNotAvailable = "55P03"
+	deadlockDetected = "40P01"
+)
+
+// waitedForLock says whether err is a lock wait that ended without the
+// lock: the migration changed nothing and may be tried again.
+func waitedForLock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == lockNotAvailable || pgErr.Code == deadlockDetected)
+}
 
 // Apply runs every pending migration with DefaultOptions and returns the
 // names of those it applied.
@@ -92,7 +104,7 @@ func ApplyWith(ctx context.Context, db *sql.DB, logger *slog.Logger, opts Option
 }
 
 // applyNext applies the next pending migration, trying it again while it
-// times out on a lock, and returns its file's name.
+// times out on a lock or loses a deadlock, and returns its file's name.
 func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, session *timeoutSession, logger *slog.Logger, opts Options) (string, error) {
 	backoff := opts.Backoff
 	for attempt := 1; ; attempt++ {
@@ -105,8 +117,7 @@ func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, sessio
 		if err == nil {
 			return res.Source.Path, nil
 		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+		if !waitedForLock(err) {
 			return "", fmt.Errorf("apply migrations: %w", err)
 		}
 		var partial *goose.PartialError

@@ -332,3 +332,27 @@ func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 		})
 	}
 }
+
+// A migration is tried again after a lock wait that ended without the
+// lock: a lock timeout, or a deadlock Postgres settled against it (its
+// transaction rolled back either way); any other error ends the call.
+func TestRetriedErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code string
+		want bool
+	}{
+		{"55P03", true}, // lock_not_available
+		{"40P01", true}, // deadlock_detected
+		{"23505", false},
+		{"42P01", false},
+	} {
+		err := fmt.Errorf("00020_changes_traceparent.sql: %w", &pgconn.PgError{Code: tc.code})
+		if got := migrations.WaitedForLock(err); got != tc.want {
+			t.Errorf("WaitedForLock(SQLSTATE %s) = %v, want %v", tc.code, got, tc.want)
+		}
+	}
+	if migrations.WaitedForLock(errors.New("connection refused")) {
+		t.Error("WaitedForLock(a non-Postgres error) = true, want false")
+	}
+}
