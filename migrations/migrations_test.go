@@ -77,16 +77,26 @@ func openDB(t *testing.T, dbURL string) *sql.DB {
 // that ends the transaction.
 func holdReader(t *testing.T, dbURL string) (pid uint32, end func()) {
 	t.Helper()
+	return holdTable(t, dbURL, "webhook_events")
+}
+
+// holdTable is holdReader on table.
+func holdTable(t *testing.T, dbURL, table string) (pid uint32, end func()) {
+	t.Helper()
 	conn := connect(t, dbURL, "nightly-report")
 	tx, err := conn.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM webhook_events`); err != nil {
+	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM `+table); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	return conn.PgConn().PID(), func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+	end = func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+	// Before conn is closed (cleanups run last first), and after an end
+	// called from another goroutine (a time.AfterFunc) has returned.
+	t.Cleanup(end)
+	return conn.PgConn().PID(), end
 }
 
 // writeLoop inserts a ledger row every 20 ms, as deliveries do, until stop,
@@ -354,5 +364,41 @@ func TestRetriedErrors(t *testing.T) {
 	}
 	if migrations.WaitedForLock(errors.New("connection refused")) {
 		t.Error("WaitedForLock(a non-Postgres error) = true, want false")
+	}
+}
+
+// Options.Attempts is one budget for the whole call, not one per
+// migration: with several migrations pending, each blocked in turn, the
+// call still gives up after Attempts tries in all, so its worst case fits
+// a pod's start and a Job's deadline however many migrations a release
+// brings.
+func TestMigrationAttemptsAreOneBudgetForTheCall(t *testing.T) {
+	t.Parallel()
+	dbURL := databaseAt(t, 19) // 00020 alters changes, 00021 webhook_events
+	_, endChanges := holdTable(t, dbURL, "changes")
+	time.AfterFunc(time.Second, endChanges)
+	_, endEvents := holdTable(t, dbURL, "webhook_events") // held to the end
+	defer endEvents()
+
+	var logs bytes.Buffer
+	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 6, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), slog.New(slog.NewJSONHandler(&logs, nil)), opts)
+
+	if want := []string{"00020_changes_traceparent.sql"}; fmt.Sprint(applied) != fmt.Sprint(want) {
+		t.Errorf("applied %v, want %v", applied, want)
+	}
+	if err == nil || !strings.Contains(err.Error(), "00021_webhook_events_trace_id.sql") ||
+		!strings.Contains(err.Error(), "waited 6 times") {
+		t.Fatalf("err = %v, want 00021 given up on after 6 waits in all", err)
+	}
+	first := strings.Count(logs.String(), `"migration":"00020_changes_traceparent.sql"`)
+	if first == 0 {
+		t.Fatalf("00020 never waited for the reader of changes:\n%s", logs.String())
+	}
+	if got := strings.Count(logs.String(), "trying again"); got != opts.Attempts-1 {
+		t.Errorf("%d retry warnings logged (%d of them 00020's), want %d: the call's budget, not each migration's:\n%s",
+			got, first, opts.Attempts-1, logs.String())
 	}
 }
