@@ -78,10 +78,12 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
-	if err == nil {
-		err = claims.Trace(tp)
-	}
 	if err != nil {
+		pool.Close()
+		return err
+	}
+	if err := claims.Trace(tp); err != nil {
+		closeRedis()
 		pool.Close()
 		return err
 	}
