@@ -8,8 +8,9 @@ GO      ?= go
 BIN     := bin/munchable-webhooks
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The commit `version` prints; go build reads it from the checkout too, but
-# the image's build has no .git, so both pass it alike.
-COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+# the image's build has no .git, so both pass it alike. "-dirty" when the
+# tracked files differ from it, as VERSION's git describe --dirty says.
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null && echo $$c || echo $$c-dirty; })
 # The Dockerfile builds with exactly these flags.
 BUILD_FLAGS := -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 

@@ -113,3 +113,63 @@ func isShellScript(t *testing.T, name string) bool {
 	}
 	return interp == "sh" || interp == "bash" || interp == "dash"
 }
+
+// make build stamps the version and the commit from the same checkout, so
+// they agree on whether it had changes: both end in -dirty, or neither.
+func TestBuildStampsDirtyAlike(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip(tool + " not installed")
+		}
+	}
+	makefile, err := filepath.Abs(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("add", "f")
+	git("commit", "-q", "-m", "f")
+	stamps := func() (version, commit string) {
+		t.Helper()
+		cmd := exec.Command("make", "--no-print-directory", "-f", makefile, "-n", "build")
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("make -n build: %v", err)
+		}
+		for f := range strings.FieldsSeq(strings.ReplaceAll(string(out), `"`, " ")) {
+			if v, ok := strings.CutPrefix(f, "main.version="); ok {
+				version = v
+			}
+			if c, ok := strings.CutPrefix(f, "main.commit="); ok {
+				commit = c
+			}
+		}
+		return version, commit
+	}
+	for _, dirty := range []bool{false, true} {
+		if dirty {
+			if err := os.WriteFile(filepath.Join(dir, "f"), []byte("b\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		version, commit := stamps()
+		if commit == "" || strings.HasSuffix(version, "-dirty") != dirty || strings.HasSuffix(commit, "-dirty") != dirty {
+			t.Errorf("changed tree %v: make build stamps version %q and commit %q, want -dirty on both or neither, as the tree is",
+				dirty, version, commit)
+		}
+	}
+}

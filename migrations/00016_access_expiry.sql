@@ -7,8 +7,13 @@
 -- whose ending can move an answer (their status gives access), so a pass
 -- reads the window's rows, not the table. Built CONCURRENTLY: entitlements
 -- is written by every delivery, and a plain CREATE INDEX would hold its
--- writes for the whole build.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS entitlements_access_ends ON entitlements (access_ends_at)
+-- writes for the whole build. A try that stops half way (lock_timeout
+-- ends the build's wait for an older transaction) leaves an invalid index
+-- behind, which IF NOT EXISTS would keep for good: the runner's next try
+-- drops it first and builds it anew.
+DROP INDEX CONCURRENTLY IF EXISTS entitlements_access_ends;
+-- squawk-ignore prefer-robust-stmts
+CREATE INDEX CONCURRENTLY entitlements_access_ends ON entitlements (access_ends_at)
     WHERE status IN ('active', 'trialing') AND access_ends_at IS NOT NULL;
 
 -- How far the leader has sent the ends of access, per consumer: no feed

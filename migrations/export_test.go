@@ -30,3 +30,6 @@ func ApplyUpTo(ctx context.Context, db *sql.DB, version int64) error {
 	}
 	return nil
 }
+
+// WaitedForLock is waitedForLock, for the runner's retry test.
+var WaitedForLock = waitedForLock

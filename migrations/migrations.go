@@ -33,24 +33,39 @@ type Options struct {
 	// longest any statement waits for a lock, and so the longest a write
 	// queued behind that statement waits for it.
 	LockTimeout time.Duration
-	// Attempts is how many times a migration is tried while a lock is
-	// held elsewhere; Backoff the pause after the first failed attempt,
-	// doubled after each further one up to MaxBackoff.
+	// Attempts is how many tries that end waiting for a lock held
+	// elsewhere one call may make, all its migrations together: the
+	// call's budget, so that its worst case is the same whatever the
+	// number of pending migrations. Backoff is the pause after the first
+	// such try, doubled after each further one up to MaxBackoff.
 	Attempts   int
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 }
 
-// DefaultOptions waits 2 s for a lock, 10 times, about two minutes in all:
+// DefaultOptions waits 2 s for a lock, 10 times in all, with pauses of 1,
+// 2, 4, 8 then 15 s between: at most 110 s of waiting for the whole call,
 // long enough to outlast a report or a dump's snapshot of a busy table,
 // short enough for a Job's deadline and a pod's start.
 func DefaultOptions() Options {
 	return Options{LockTimeout: 2 * time.Second, Attempts: 10, Backoff: time.Second, MaxBackoff: 15 * time.Second}
 }
 
-// lockNotAvailable is Postgres's SQLSTATE for "canceling statement due to
-// lock timeout".
-const lockNotAvailable = "55P03"
+// Postgres's SQLSTATEs for the lock waits a migration is tried again
+// after: "canceling statement due to lock timeout", and a deadlock with
+// another session, which Postgres ends by cancelling one side (the
+// migration's transaction is rolled back, as after a lock timeout).
+const (
+	lockNotAvailable = "55P03"
+	deadlockDetected = "40P01"
+)
+
+// waitedForLock says whether err is a lock wait that ended without the
+// lock: the migration changed nothing and may be tried again.
+func waitedForLock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == lockNotAvailable || pgErr.Code == deadlockDetected)
+}
 
 // Apply runs every pending migration with DefaultOptions and returns the
 // names of those it applied.
@@ -79,8 +94,9 @@ func ApplyWith(ctx context.Context, db *sql.DB, logger *slog.Logger, opts Option
 		return nil, fmt.Errorf("migration provider: %w", err)
 	}
 	var applied []string
+	b := &budget{opts: opts, backoff: opts.Backoff}
 	for {
-		name, err := applyNext(ctx, provider, db, session, logger, opts)
+		name, err := applyNext(ctx, provider, db, session, logger, b)
 		if errors.Is(err, goose.ErrNoNextVersion) {
 			return applied, nil
 		}
@@ -91,11 +107,20 @@ func ApplyWith(ctx context.Context, db *sql.DB, logger *slog.Logger, opts Option
 	}
 }
 
+// budget is what is left of one call's tries (Options.Attempts), shared
+// by its migrations, and the pause before the next.
+type budget struct {
+	opts    Options
+	waits   int // tries that ended waiting for a lock, so far
+	backoff time.Duration
+}
+
 // applyNext applies the next pending migration, trying it again while it
-// times out on a lock, and returns its file's name.
-func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, session *timeoutSession, logger *slog.Logger, opts Options) (string, error) {
-	backoff := opts.Backoff
-	for attempt := 1; ; attempt++ {
+// times out on a lock or loses a deadlock and b allows, and returns its
+// file's name.
+func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, session *timeoutSession, logger *slog.Logger, b *budget) (string, error) {
+	opts := b.opts
+	for {
 		watch := watchBlockers(ctx, db, session)
 		res, err := provider.UpByOne(ctx)
 		blocker := watch()
@@ -105,8 +130,7 @@ func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, sessio
 		if err == nil {
 			return res.Source.Path, nil
 		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+		if !waitedForLock(err) {
 			return "", fmt.Errorf("apply migrations: %w", err)
 		}
 		var partial *goose.PartialError
@@ -114,19 +138,20 @@ func applyNext(ctx context.Context, provider *goose.Provider, db *sql.DB, sessio
 		if errors.As(err, &partial) && partial.Failed != nil {
 			name = partial.Failed.Source.Path
 		}
-		if attempt >= opts.Attempts {
-			return "", fmt.Errorf("apply migrations: %s waited %d times for a lock (lock_timeout %s each): %s: %w",
-				name, attempt, opts.LockTimeout, blocker, err)
+		b.waits++
+		if b.waits >= opts.Attempts {
+			return "", fmt.Errorf("apply migrations: %s: migrations waited %d times for a lock, the most one run may (lock_timeout %s each): %s: %w",
+				name, b.waits, opts.LockTimeout, blocker, err)
 		}
 		logger.Warn("migration waited for a lock held elsewhere; trying again",
-			"migration", name, "attempt", attempt, "lock_timeout", opts.LockTimeout.String(),
-			"blocked_by", blocker.String(), "next_in", backoff.String())
+			"migration", name, "attempt", b.waits, "attempts", opts.Attempts, "lock_timeout", opts.LockTimeout.String(),
+			"blocked_by", blocker.String(), "next_in", b.backoff.String())
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("apply migrations: %s: %w", name, ctx.Err())
-		case <-time.After(backoff):
+		case <-time.After(b.backoff):
 		}
-		backoff = min(2*backoff, opts.MaxBackoff)
+		b.backoff = min(2*b.backoff, opts.MaxBackoff)
 	}
 }
 

@@ -90,16 +90,26 @@ func openDB(t *testing.T, dbURL string) *sql.DB {
 // that ends the transaction.
 func holdReader(t *testing.T, dbURL string) (pid uint32, end func()) {
 	t.Helper()
+	return holdTable(t, dbURL, "webhook_events")
+}
+
+// holdTable is holdReader on table.
+func holdTable(t *testing.T, dbURL, table string) (pid uint32, end func()) {
+	t.Helper()
 	conn := connect(t, dbURL, "nightly-report")
 	tx, err := conn.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM webhook_events`); err != nil {
+	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM `+table); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	return conn.PgConn().PID(), func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+	end = func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+	// Before conn is closed (cleanups run last first), and after an end
+	// called from another goroutine (a time.AfterFunc) has returned.
+	t.Cleanup(end)
+	return conn.PgConn().PID(), end
 }
 
 // writeLoop inserts a ledger row every 20 ms, as deliveries do, until stop,
@@ -291,38 +301,112 @@ func TestVerify(t *testing.T) {
 // An index built CONCURRENTLY waits for every transaction older than it,
 // and that wait is a lock wait: lock_timeout ends it, the build leaves an
 // invalid index, and the next try drops it and builds it again, until the
-// old transaction is gone. Deliveries write on meanwhile.
+// old transaction is gone (IF NOT EXISTS would keep the invalid one for
+// good). Deliveries write on meanwhile.
 func TestConcurrentIndexBuildRetriesPastAnOldTransaction(t *testing.T) {
 	t.Parallel()
-	dbURL := databaseAt(t, 10) // 00011 builds checkout_sessions_subscription
-	// pg_dump's kind of transaction: one snapshot for its whole life,
-	// which is what a CONCURRENTLY build waits for (a READ COMMITTED
-	// transaction between statements holds none).
-	conn := connect(t, dbURL, "pg_dump")
-	tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM entitlements`); err != nil {
-		t.Fatal(err)
-	}
-	later(t, 1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
+	for _, tc := range []struct {
+		before    int64 // the version the database is at
+		migration string
+		index     string
+		table     string // a table the old transaction reads
+	}{
+		{10, "00011_access_at_scale.sql", "checkout_sessions_subscription", "entitlements"},
+		{15, "00016_access_expiry.sql", "entitlements_access_ends", "entitlements"},
+	} {
+		t.Run(tc.migration, func(t *testing.T) {
+			t.Parallel()
+			dbURL := databaseAt(t, tc.before)
+			// pg_dump's kind of transaction: one snapshot for its whole
+			// life, which is what a CONCURRENTLY build waits for (a READ
+			// COMMITTED transaction between statements holds none).
+			conn := connect(t, dbURL, "pg_dump")
+			tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(t.Context(), `SELECT count(*) FROM `+tc.table); err != nil {
+				t.Fatal(err)
+			}
+			later(t, 1500*time.Millisecond, func() { _ = tx.Rollback(context.Background()) })
 
-	applied, logs, err := applyPatiently(t, dbURL)
-	if err != nil {
-		t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
+			applied, logs, err := applyPatiently(t, dbURL)
+			if err != nil {
+				t.Fatalf("ApplyWith: %v\n%s", err, logs.String())
+			}
+			if len(applied) == 0 || applied[0] != tc.migration {
+				t.Errorf("applied %v, want %s first", applied, tc.migration)
+			}
+			if !strings.Contains(logs.String(), `"migration":"`+tc.migration+`"`) ||
+				!strings.Contains(logs.String(), `blocked on the end of its transaction (virtualxid lock) by pid`) {
+				t.Errorf("%s's build never waited out its lock timeout:\n%s", tc.migration, logs.String())
+			}
+			var valid bool
+			err = openDB(t, dbURL).QueryRow(`SELECT i.indisvalid FROM pg_index i
+				WHERE i.indexrelid = $1::regclass`, tc.index).Scan(&valid)
+			if err != nil || !valid {
+				t.Errorf("%s valid = %v (%v), want a valid index", tc.index, valid, err)
+			}
+		})
 	}
-	if len(applied) == 0 || applied[0] != "00011_access_at_scale.sql" {
-		t.Errorf("applied %v, want 00011_access_at_scale.sql first", applied)
+}
+
+// A migration is tried again after a lock wait that ended without the
+// lock: a lock timeout, or a deadlock Postgres settled against it (its
+// transaction rolled back either way); any other error ends the call.
+func TestRetriedErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code string
+		want bool
+	}{
+		{"55P03", true}, // lock_not_available
+		{"40P01", true}, // deadlock_detected
+		{"23505", false},
+		{"42P01", false},
+	} {
+		err := fmt.Errorf("00020_changes_traceparent.sql: %w", &pgconn.PgError{Code: tc.code})
+		if got := migrations.WaitedForLock(err); got != tc.want {
+			t.Errorf("WaitedForLock(SQLSTATE %s) = %v, want %v", tc.code, got, tc.want)
+		}
 	}
-	if !strings.Contains(logs.String(), `"migration":"00011_access_at_scale.sql"`) ||
-		!strings.Contains(logs.String(), `blocked on the end of its transaction (virtualxid lock) by pid`) {
-		t.Errorf("00011's build never waited out its lock timeout:\n%s", logs.String())
+	if migrations.WaitedForLock(errors.New("connection refused")) {
+		t.Error("WaitedForLock(a non-Postgres error) = true, want false")
 	}
-	var valid bool
-	err = openDB(t, dbURL).QueryRow(`SELECT i.indisvalid FROM pg_index i
-		WHERE i.indexrelid = 'checkout_sessions_subscription'::regclass`).Scan(&valid)
-	if err != nil || !valid {
-		t.Errorf("checkout_sessions_subscription valid = %v (%v), want a valid index", valid, err)
+}
+
+// Options.Attempts is one budget for the whole call, not one per
+// migration: with several migrations pending, each blocked in turn, the
+// call still gives up after Attempts tries in all, so its worst case fits
+// a pod's start and a Job's deadline however many migrations a release
+// brings.
+func TestMigrationAttemptsAreOneBudgetForTheCall(t *testing.T) {
+	t.Parallel()
+	dbURL := databaseAt(t, 19) // 00020 alters changes, 00021 webhook_events
+	_, endChanges := holdTable(t, dbURL, "changes")
+	time.AfterFunc(time.Second, endChanges)
+	_, endEvents := holdTable(t, dbURL, "webhook_events") // held to the end
+	defer endEvents()
+
+	var logs bytes.Buffer
+	opts := migrations.Options{LockTimeout: 300 * time.Millisecond, Attempts: 6, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	applied, err := migrations.ApplyWith(ctx, openDB(t, dbURL), slog.New(slog.NewJSONHandler(&logs, nil)), opts)
+
+	if want := []string{"00020_changes_traceparent.sql"}; fmt.Sprint(applied) != fmt.Sprint(want) {
+		t.Errorf("applied %v, want %v", applied, want)
+	}
+	if err == nil || !strings.Contains(err.Error(), "00021_webhook_events_trace_id.sql") ||
+		!strings.Contains(err.Error(), "waited 6 times") {
+		t.Fatalf("err = %v, want 00021 given up on after 6 waits in all", err)
+	}
+	first := strings.Count(logs.String(), `"migration":"00020_changes_traceparent.sql"`)
+	if first == 0 {
+		t.Fatalf("00020 never waited for the reader of changes:\n%s", logs.String())
+	}
+	if got := strings.Count(logs.String(), "trying again"); got != opts.Attempts-1 {
+		t.Errorf("%d retry warnings logged (%d of them 00020's), want %d: the call's budget, not each migration's:\n%s",
+			got, first, opts.Attempts-1, logs.String())
 	}
 }

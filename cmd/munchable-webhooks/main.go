@@ -86,7 +86,7 @@ Prints the build's version, its commit and the schema version it expects
 
   version: v0.5.0
   commit: 0123abc...
-  schema: 14`
+  schema: 21`
 
 	healthcheckUsage = `usage: munchable-webhooks healthcheck
 

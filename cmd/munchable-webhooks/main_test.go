@@ -183,6 +183,10 @@ func TestVersion(t *testing.T) {
 			t.Errorf("%q printed %q, want %q", args, got, want)
 		}
 	}
+	// version -h's example names this build's schema, not an old one.
+	if want := fmt.Sprintf("schema: %d`", migrations.Version()); !strings.HasSuffix(versionUsage+"`", want) {
+		t.Errorf("version -h's example ends %q, want %q", versionUsage[len(versionUsage)-10:], strings.TrimSuffix(want, "`"))
+	}
 }
 
 // main's exit status: 0 for help, 2 for a wrong command line, 1 for a

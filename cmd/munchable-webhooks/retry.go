@@ -58,7 +58,7 @@ func retryEvent(ctx context.Context, environ []string, provider, eventID string,
 	var ev claim.Event
 	switch provider {
 	case "stripe":
-		api := stripeAPI(cfg, logger)
+		api := stripeAPI(cfg, logger, nil) // only serve traces
 		if api != nil {
 			params := &stripe.EventParams{}
 			params.Context = ctx

@@ -78,10 +78,12 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 		return err
 	}
 	claims, closeRedis, err := cfg.openStore()
-	if err == nil {
-		err = claims.Trace(tp)
-	}
 	if err != nil {
+		pool.Close()
+		return err
+	}
+	if err := claims.Trace(tp); err != nil {
+		closeRedis()
 		pool.Close()
 		return err
 	}
@@ -167,7 +169,7 @@ func serve(ctx context.Context, environ []string, stdout io.Writer) error {
 	stripe := stripehook.New(stripehook.Config{
 		Store:      store,
 		Secret:     string(cfg.StripeWebhookSecret),
-		API:        stripeAPI(cfg, logger),
+		API:        stripeAPI(cfg, logger, tp),
 		Logger:     logger,
 		Registerer: registry,
 	})
@@ -239,7 +241,7 @@ func startJobs(ctx context.Context, cfg config, logger *slog.Logger, registry pr
 	lease := leader.LeaseConfig{TTL: cfg.LeaderLeaseTTL}
 	run := leader.Scheduler{Pool: pool, Lease: lease, Poll: lease.Renew(), Logger: logger}
 	start := func(j leader.Job) { wg.Go(func() { run.Run(ctx, tracedJob(s.tracer, j)) }) }
-	api := stripeAPI(cfg, logger)
+	api := stripeAPI(cfg, logger, s.tracer)
 	verifyInterval := cfg.VerifyInterval
 	if api == nil {
 		verifyInterval = 0
@@ -285,13 +287,14 @@ const relayObserveInterval = 5 * time.Second
 // this.
 const retentionInterval = 10 * time.Minute
 
-// stripeAPI is the Stripe API client, or nil without STRIPE_API_KEY: the
-// service then works offline from payloads.
-func stripeAPI(cfg config, logger *slog.Logger) *client.API {
+// stripeAPI is the Stripe API client, its calls traced under tp (nil: not
+// traced), or nil without STRIPE_API_KEY: the service then works offline
+// from payloads.
+func stripeAPI(cfg config, logger *slog.Logger, tp trace.TracerProvider) *client.API {
 	if cfg.StripeAPIKey == "" {
 		return nil
 	}
-	return stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
+	return stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger, tp)
 }
 
 // newRegistry is the service's own metrics registry (no global one).

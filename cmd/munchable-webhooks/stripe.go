@@ -192,7 +192,7 @@ func stripeCommand(ctx context.Context, args, environ []string, stdout, stderr i
 		return err
 	}
 	defer pool.Close()
-	api := stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger)
+	api := stripehook.NewAPI(string(cfg.StripeAPIKey), cfg.stripeAPIURL, logger, nil) // only serve traces
 	store := entitlements.NewStore(pool, prometheus.NewRegistry())
 	start := time.Now()
 

@@ -10,8 +10,10 @@ import (
 
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/munchable/munchable-webhooks/internal/entitlements"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // APIVersion is the Stripe API version every request names, so that
@@ -30,16 +32,18 @@ const APIVersion = "2026-07-29.dahlia"
 // baseURL (STRIPE_API_URL; tests point it at a local server) and name
 // APIVersion on every request, with stripe-go's own log lines routed into
 // logger as JSON (nil: dropped), so that every line the process writes is
-// one JSON object. Whether to call it at all when key is "" is the
-// caller's decision.
-func NewAPI(key string, baseURL *url.URL, logger *slog.Logger) *client.API {
+// one JSON object. Under tp (nil: not traced) each request is a client
+// span, a child of the caller's (the delivery's apply, a sweep's job),
+// and carries traceparent. Whether to call it at all when key is "" is
+// the caller's decision.
+func NewAPI(key string, baseURL *url.URL, logger *slog.Logger, tp trace.TracerProvider) *client.API {
 	cfg := &stripe.BackendConfig{
 		URL: stripe.String(baseURL.String()),
 		// Requests carry the caller's context: the handler deadline bounds
 		// a revalidation. The client's own timeout is a backstop.
 		HTTPClient: &http.Client{
 			Timeout:   80 * time.Second,
-			Transport: versioned{http.DefaultTransport},
+			Transport: versioned{tracing.Transport(tp, http.DefaultTransport)},
 		},
 		LeveledLogger: leveledLogger{logger},
 	}

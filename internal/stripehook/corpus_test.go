@@ -205,7 +205,7 @@ func TestCorpusSubscriptions(t *testing.T) {
 func stripeAPI(t *testing.T) (*stripetest.API, *client.API) {
 	t.Helper()
 	fake := stripetest.New(t)
-	return fake, NewAPI(stripetest.Key, fake.URL(), nil)
+	return fake, NewAPI(stripetest.Key, fake.URL(), nil, nil)
 }
 
 func TestCorpusFeatures(t *testing.T) {

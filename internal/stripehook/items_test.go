@@ -66,7 +66,7 @@ func newItemsRig(t *testing.T, withKey bool) itemsRig {
 	r := itemsRig{api: stripetest.New(t), fx: stripetest.LoadFixtures(t)}
 	o := options{}
 	if withKey {
-		o.api = NewAPI(stripetest.Key, r.api.URL(), nil)
+		o.api = NewAPI(stripetest.Key, r.api.URL(), nil, nil)
 	}
 	r.harness = newHarness(t, o)
 	return r

@@ -251,7 +251,7 @@ func (g enumRig) deliver(ctx context.Context, withAPI bool, events [][]byte) (ru
 	reg := prometheus.NewRegistry()
 	cfg := Config{Store: entitlements.NewStore(g.pool, reg), Registerer: reg}
 	if withAPI {
-		cfg.API = NewAPI(stripetest.Key, g.api.URL(), nil)
+		cfg.API = NewAPI(stripetest.Key, g.api.URL(), nil, nil)
 	}
 	r := New(cfg)
 	var out runResult

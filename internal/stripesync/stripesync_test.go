@@ -64,7 +64,7 @@ func rigOn(t testing.TB, api *stripetest.API) *rig {
 
 // useAPI points sync and replay at the Stripe API at u.
 func (r *rig) useAPI(u *url.URL) {
-	r.client = stripehook.NewAPI(stripetest.Key, u, r.logger)
+	r.client = stripehook.NewAPI(stripetest.Key, u, r.logger, nil)
 	r.replayer = stripehook.New(stripehook.Config{Store: r.store, API: r.client, Logger: r.logger})
 }
 
