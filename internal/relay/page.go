@@ -76,23 +76,38 @@ type taken struct {
 	pending bool
 }
 
+// idleMoveEvery is how often, at most, a page with nothing for its
+// consumer (an empty page read only because the server's read horizon
+// moved, or one of other kinds only) stores the cursor it moved. On a
+// shared server the horizon moves with every transaction of any
+// database, and storing each move cost a row version of feed_consumers
+// a poll on an idle feed. The stored cursor lags the one in memory by
+// this much at most: what it has not passed is read again, harmlessly,
+// by a successor (nothing in it is for the consumer), and retention
+// keeps a few seconds more.
+const idleMoveEvery = 5 * time.Second
+
 // take reads a page of the feed after cur, sends the changes c wants and
 // records their outcomes, moving c's cursor past the page in the last
-// transaction. It returns how many changes the page held and the cursor
-// after them.
-func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor) (int, ledger.Cursor, error) {
+// transaction. It returns how many changes the page held, the cursor
+// after them, and whether it stored that cursor: a page with nothing for
+// c stores it only when lazy is false (see idleMoveEvery).
+func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor, lazy bool) (int, ledger.Cursor, bool, error) {
 	page, next, err := ledger.Read(ctx, r.pool, cur, r.batch)
 	if err != nil {
-		return 0, cur, err
+		return 0, cur, false, err
 	}
 	if next.String() == cur.String() {
-		return 0, cur, nil // nothing new, not even the horizon
+		return 0, cur, false, nil // nothing new, not even the horizon
 	}
 	var items []*taken
 	for _, ch := range page {
 		if slices.Contains(c.Kinds, ch.Kind) {
 			items = append(items, &taken{delivery: delivery{change: ch}, key: c.orderKey(ch)})
 		}
+	}
+	if len(items) == 0 && lazy {
+		return len(page), next, false, nil // nothing to record: the cursor is stored later
 	}
 	// The fence is checked before anything is sent, in the transaction
 	// that reads what the page must wait for.
@@ -105,13 +120,13 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 			return err
 		})
 		if err != nil {
-			return 0, cur, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
+			return 0, cur, false, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
 		}
 	}
 	if err := r.sendPage(ctx, fence, c, items, open, next); err != nil {
-		return 0, cur, err
+		return 0, cur, false, err
 	}
-	return len(page), next, nil
+	return len(page), next, true, nil
 }
 
 // pageState runs pageStateSQL for items.

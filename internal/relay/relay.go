@@ -203,7 +203,8 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 	if err != nil {
 		return r.stopped(ctx, err)
 	}
-	checked := map[string]uint64{} // the floor last checked for a gap, per consumer
+	checked := map[string]uint64{}   // the floor last checked for a gap, per consumer
+	stored := map[string]time.Time{} // when the cursor was last stored, per consumer
 	var trimmed time.Time
 	for {
 		if r.retention > 0 && time.Since(trimmed) >= trimEvery {
@@ -214,7 +215,7 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		}
 		busy := false
 		for _, c := range r.consumers {
-			more, err := r.pass(ctx, fence, c, cursors, checked)
+			more, err := r.pass(ctx, fence, c, cursors, checked, stored)
 			if err != nil {
 				if errors.Is(err, ErrFenced) || ctx.Err() != nil {
 					return r.stopped(ctx, err)
@@ -334,7 +335,7 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 
 // pass takes the consumer's new changes and runs its due deliveries. more
 // is true when there is more to do at once (a full page or batch).
-func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[string]ledger.Cursor, checked map[string]uint64) (more bool, err error) {
+func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[string]ledger.Cursor, checked map[string]uint64, stored map[string]time.Time) (more bool, err error) {
 	cur := cursors[c.Name]
 	if floor := cur.Floor(); checked[c.Name] != floor {
 		if err := ledger.CheckCursor(ctx, r.pool, cur); errors.Is(err, ledger.ErrCursorExpired) {
@@ -346,11 +347,14 @@ func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[s
 		}
 		checked[c.Name] = floor
 	}
-	took, next, err := r.take(ctx, fence, c, cur)
+	took, next, moved, err := r.take(ctx, fence, c, cur, time.Since(stored[c.Name]) < idleMoveEvery)
 	if err != nil {
 		return false, err
 	}
 	cursors[c.Name] = next
+	if moved {
+		stored[c.Name] = time.Now()
+	}
 	ran, err := r.deliverDue(ctx, fence, c)
 	if err != nil {
 		return false, err
