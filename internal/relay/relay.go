@@ -101,6 +101,10 @@ type Config struct {
 	// Tracer, when not nil, traces each attempt (internal/tracing) and
 	// the forward's calls to Resend; nil adds no instrumentation.
 	Tracer trace.TracerProvider
+	// RegisterWait bounds how long Register waits for the transactions
+	// older than a new start to end (0: DefaultRegisterWait). Tests that
+	// share a server with others may shorten it.
+	RegisterWait time.Duration
 }
 
 // Relay follows the feed for its consumers.
@@ -125,6 +129,8 @@ type Relay struct {
 	// mode plans each run with its arguments, for a fraction of a
 	// millisecond per batch; every other mode already does.
 	replan []any
+	// registerWait is Config.RegisterWait, defaulted.
+	registerWait time.Duration
 }
 
 // New builds the relay and its destinations from cfg, and registers its
@@ -148,6 +154,9 @@ func New(cfg Config) *Relay {
 	}
 	if r.batch <= 0 {
 		r.batch = 100
+	}
+	if r.registerWait = cfg.RegisterWait; r.registerWait <= 0 {
+		r.registerWait = DefaultRegisterWait
 	}
 	if r.timeout <= 0 {
 		r.timeout = 2 * time.Minute
@@ -195,9 +204,11 @@ func (r *Relay) consumer(name string) (Consumer, bool) {
 // Run relays until ctx ends (it returns nil) or fence fails (an error
 // wrapping ErrFenced). It first marks which consumers are enabled (those
 // it has; the others then hold retention back no more) and goes on from
-// each one's cursor, placing one that Register has not as Register would.
-// A failed pass is
-// logged and tried again at the next poll.
+// each one's cursor. One that Register has not placed (a relay run on
+// its own, as in tests) starts at Run's own transaction, as Register
+// would place it, but without waiting for older transactions to end: a
+// change one of them commits later counts as before the start. A failed
+// pass is logged and tried again at the next poll.
 func (r *Relay) Run(ctx context.Context, fence Fence) error {
 	cursors, err := r.enable(ctx, fence)
 	if err != nil {
@@ -305,7 +316,8 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 			return err
 		}
 		// serve has registered them before it took any delivery; this
-		// places one that was not (a relay run on its own, as in tests).
+		// places one that was not (a relay run on its own, as in tests),
+		// without Register's wait (see Run).
 		if _, _, err := addConsumers(ctx, tx, names); err != nil {
 			return err
 		}
