@@ -406,7 +406,11 @@ type delivery struct {
 // on the far side, and records their outcomes as they come, one statement
 // for all those done within a flush interval: a slow or rate-limited
 // destination's first outcomes are on record (and visible) long before
-// the batch's last. It returns how many it started.
+// the batch's last. It returns how many it started. As a page does, it
+// checks the fence before it sends anything, so that a replica that lost
+// the lead sends none of them beside its successor; a poll with nothing
+// due opens no transaction (the fence's row lock would take a
+// transaction id and write, every poll, on an idle service).
 func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, error) {
 	rows, err := r.pool.Query(ctx, dueSQL, r.batchArgs(c.Name, r.batch)...)
 	if err != nil {
@@ -427,6 +431,11 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 	}
 	if len(due) == 0 {
 		return 0, nil
+	}
+	if fence != nil {
+		if err := r.inTx(ctx, fence, func(pgx.Tx) error { return nil }); err != nil {
+			return 0, fmt.Errorf("relay %s: due deliveries: %w", c.Name, err)
+		}
 	}
 	chains := make([][]*taken, len(due))
 	for i, d := range due {
