@@ -200,7 +200,7 @@ func (r *Relay) sendPage(ctx context.Context, fence Fence, c Consumer, items []*
 		if err != nil {
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
-		r.noteAll(c.Name, outcomes)
+		r.noteAll(ctx, c.Name, outcomes)
 		return nil
 	}, outcomes...)
 }
@@ -276,6 +276,7 @@ func (r *Relay) sendChains(ctx context.Context, c Consumer, chains [][]*taken, d
 			for i, t := range chain {
 				actx, cancel := context.WithTimeout(ctx, r.timeout)
 				actx, span := r.span(actx, c, t.change)
+				t.span = span.SpanContext()
 				t.result, t.err = c.Destination.Deliver(actx, t.change)
 				endSpan(span, t.result, t.err)
 				cancel()
@@ -344,10 +345,10 @@ func (r *Relay) insertOutcomes(ctx context.Context, tx pgx.Tx, consumer string, 
 }
 
 // noteAll logs and counts the attempts of outcomes, once recorded.
-func (r *Relay) noteAll(consumer string, outcomes []*taken) {
+func (r *Relay) noteAll(ctx context.Context, consumer string, outcomes []*taken) {
 	for _, t := range outcomes {
 		if !t.pending {
-			r.note(consumer, &t.delivery)
+			r.note(ctx, consumer, &t.delivery)
 		}
 	}
 }

@@ -398,7 +398,8 @@ type delivery struct {
 	attempts int // before this attempt
 	result   string
 	err      error
-	out      outcome // as recorded
+	out      outcome           // as recorded
+	span     trace.SpanContext // the attempt's span, for its log line
 }
 
 // deliverDue runs the consumer's due deliveries, Parallel at a time (each
@@ -453,7 +454,7 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
 		for _, d := range ds {
-			r.note(c.Name, d)
+			r.note(ctx, c.Name, d)
 		}
 		return nil
 	})
@@ -505,13 +506,18 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*d
 // note logs and counts an attempt whose outcome is recorded: a failed
 // attempt at warn, a dead delivery at error, each once, so that a failing
 // destination speaks up in the log and not only in relay list.
-func (r *Relay) note(consumer string, d *delivery) {
+func (r *Relay) note(ctx context.Context, consumer string, d *delivery) {
 	r.metrics.deliveries.WithLabelValues(consumer, string(d.out.state)).Inc()
-	r.log(consumer, d)
+	r.log(ctx, consumer, d)
 }
 
-// log logs an attempt whose outcome is recorded, if it failed.
-func (r *Relay) log(consumer string, d *delivery) {
+// log logs an attempt whose outcome is recorded, if it failed, in the
+// context of the attempt's span: a sampled attempt's line carries its
+// trace_id and span_id (tracing.LogHandler).
+func (r *Relay) log(ctx context.Context, consumer string, d *delivery) {
+	if d.span.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, d.span)
+	}
 	o := d.out
 	args := []any{"consumer", consumer, "change_id", d.change.ID, "subject", d.change.Subject,
 		"attempt", d.attempts + 1}
@@ -521,10 +527,10 @@ func (r *Relay) log(consumer string, d *delivery) {
 	switch o.state {
 	case Failed:
 		args = append(args, "err", d.err, "next_attempt_at", *o.next)
-		r.logger.Warn("relay: delivery attempt failed", args...)
+		r.logger.WarnContext(ctx, "relay: delivery attempt failed", args...)
 	case Dead:
 		args = append(args, "err", d.err)
-		r.logger.Error("relay: delivery dead: no more attempts; relay retry runs it again", args...)
+		r.logger.ErrorContext(ctx, "relay: delivery dead: no more attempts; relay retry runs it again", args...)
 	}
 }
 
