@@ -229,17 +229,25 @@ var errNotDelivered = errors.New("not delivered")
 
 // commandRelay is the relay as relay retry runs it: built from the
 // service's configuration, its loop not running, logging a failed attempt
-// to stderr as the service would. closeIt closes its pool.
+// to stderr and tracing each attempt (the OTEL_* variables) as the
+// service would. closeIt closes its pool and flushes its spans.
 func commandRelay(ctx context.Context, environ []string, stderr io.Writer) (r *relay.Relay, closeIt func(), err error) {
 	cfg, err := loadConfig(environ)
 	if err != nil {
 		return nil, nil, err
 	}
-	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	tp, logger, stopTracing, err := startTracing(ctx, environ, newLogger(stderr, operatorLogLevel(environ, cfg.logLevel)))
 	if err != nil {
 		return nil, nil, err
 	}
-	return relay.New(cfg.relayConfig(pool, newLogger(stderr, operatorLogLevel(environ, cfg.logLevel)), nil)), pool.Close, nil
+	pool, err := openPostgres(ctx, string(cfg.DatabaseURL), 2)
+	if err != nil {
+		stopTracing()
+		return nil, nil, err
+	}
+	rc := cfg.relayConfig(pool, logger, nil)
+	rc.Tracer = tp
+	return relay.New(rc), func() { pool.Close(); stopTracing() }, nil
 }
 
 func retryDelivery(ctx context.Context, environ []string, consumer string, changeID int64, stdout, stderr io.Writer) error {

@@ -262,3 +262,51 @@ VALUES ('forward', $1, $2, $2, $3, 8, 'resend answered 503', $4, now() - $5::int
 		t.Errorf("stderr %q, want the failed attempt's warn line and the summary", stderr)
 	}
 }
+
+// TestRelayRetryTraced: with OTEL_EXPORTER_OTLP_ENDPOINT set, relay retry
+// traces its attempt as the service's relay does: a span "relay forward"
+// for the change, in the trace of the delivery that made it.
+func TestRelayRetryTraced(t *testing.T) {
+	t.Parallel()
+	receiver := &otlpReceiver{}
+	collector := httptest.NewServer(receiver)
+	t.Cleanup(collector.Close)
+	resend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"email_retried"}`)
+	}))
+	t.Cleanup(resend.Close)
+	dbURL := dbtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	ctx := context.Background()
+	id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: "form:1",
+		FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	change := fmt.Sprintf(`{"id":7,"kind":"support_message","subject":"%d","after":{"id":%d},"traceparent":"00-%s-00f067aa0ba902b7-01"}`, id, id, traceID)
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, last_error, change)
+VALUES ('forward', 7, $1, $1, 'dead', 8, 'resend answered 503', $2)`, fmt.Sprint(id), change); err != nil {
+		t.Fatal(err)
+	}
+	env := validEnv()
+	env["DATABASE_URL"] = dbURL
+	env["RESEND_API_URL"] = resend.URL
+	env["SUPPORT_FORWARD_TO"] = "team@munchable.app"
+	env["SUPPORT_FORWARD_FROM"] = "support-forward@munchable.app"
+	env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.URL
+	if out, stderr, err := runCmd(t, env, "relay", "retry", "forward", "7"); err != nil {
+		t.Fatalf("relay retry = %q, %v\n%s", out, err, stderr)
+	}
+	// relay retry flushes its spans before it returns.
+	var names []string
+	for _, s := range receiver.all() {
+		names = append(names, s.name)
+		if s.name == "relay forward" && s.attrs["relay.change_id"] == "7" && s.trace == traceID {
+			return
+		}
+	}
+	t.Errorf("spans exported %q, want relay forward for change 7 in trace %s", names, traceID)
+}

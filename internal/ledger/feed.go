@@ -206,7 +206,7 @@ ORDER BY c.txid, c.id`
 // release read them. A consumer reads it at most once, on its first read
 // after the upgrade; the window's last page walks the ids after $3.
 const readWindowSQL = `
-SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after
+SELECT id, at, kind, subject, stripe_customer_id, event_id, before, after, coalesce(traceparent, '')
 FROM changes
 WHERE txid >= $1::text::xid8 AND txid < $2::text::xid8 AND id > $3
 ORDER BY id
@@ -307,7 +307,7 @@ func readWindow(ctx context.Context, q querier, c Cursor, limit int) ([]Change, 
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Change, error) {
 		var ch Change
 		err := row.Scan(&ch.ID, &ch.At, &ch.Kind, &ch.Subject, &ch.StripeCustomerID,
-			&ch.EventID, &ch.Before, &ch.After)
+			&ch.EventID, &ch.Before, &ch.After, &ch.Traceparent)
 		ch.Cursor = Cursor{Lo: c.Lo, Hi: c.Hi, Last: ch.ID}
 		return ch, err
 	})

@@ -499,3 +499,37 @@ func TestChangesOfCursor(t *testing.T) {
 		t.Errorf("read after %s (-want +got):\n%s", got[0].Cursor, diff)
 	}
 }
+
+// TestFirstReleaseCursorKeepsTraceparent: a change read through a first
+// release's window carries its traceparent, as one read after it does.
+func TestFirstReleaseCursorKeepsTraceparent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	var id int64
+	if err := pool.QueryRow(ctx, `INSERT INTO changes (at, kind, subject, after, traceparent)
+VALUES (now(), 'support_message', 's', '{}', $1) RETURNING id`, tp).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	var hi uint64
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+			WHERE pg_snapshot_xmin(pg_current_snapshot()) > (SELECT max(txid) FROM changes)`).Scan(&hi)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || time.Now().After(deadline) {
+			t.Fatalf("horizon above the change: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	page, _, err := ledger.Read(ctx, pool, ledger.Cursor{Hi: hi}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page) != 1 || page[0].ID != id || page[0].Traceparent != tp {
+		t.Fatalf("read through the window %+v, want change %d with traceparent %s", page, id, tp)
+	}
+}

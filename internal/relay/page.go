@@ -76,23 +76,38 @@ type taken struct {
 	pending bool
 }
 
+// idleMoveEvery is how often, at most, a page with nothing for its
+// consumer (an empty page read only because the server's read horizon
+// moved, or one of other kinds only) stores the cursor it moved. On a
+// shared server the horizon moves with every transaction of any
+// database, and storing each move cost a row version of feed_consumers
+// a poll on an idle feed. The stored cursor lags the one in memory by
+// this much at most: what it has not passed is read again, harmlessly,
+// by a successor (nothing in it is for the consumer), and retention
+// keeps a few seconds more.
+const idleMoveEvery = 5 * time.Second
+
 // take reads a page of the feed after cur, sends the changes c wants and
 // records their outcomes, moving c's cursor past the page in the last
-// transaction. It returns how many changes the page held and the cursor
-// after them.
-func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor) (int, ledger.Cursor, error) {
+// transaction. It returns how many changes the page held, the cursor
+// after them, and whether it stored that cursor: a page with nothing for
+// c stores it only when lazy is false (see idleMoveEvery).
+func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cursor, lazy bool) (int, ledger.Cursor, bool, error) {
 	page, next, err := ledger.Read(ctx, r.pool, cur, r.batch)
 	if err != nil {
-		return 0, cur, err
+		return 0, cur, false, err
 	}
 	if next.String() == cur.String() {
-		return 0, cur, nil // nothing new, not even the horizon
+		return 0, cur, false, nil // nothing new, not even the horizon
 	}
 	var items []*taken
 	for _, ch := range page {
 		if c.takes(ch) {
 			items = append(items, &taken{delivery: delivery{change: ch}, key: c.orderKey(ch)})
 		}
+	}
+	if len(items) == 0 && lazy {
+		return len(page), next, false, nil // nothing to record: the cursor is stored later
 	}
 	// The fence is checked before anything is sent, in the transaction
 	// that reads what the page must wait for.
@@ -105,13 +120,13 @@ func (r *Relay) take(ctx context.Context, fence Fence, c Consumer, cur ledger.Cu
 			return err
 		})
 		if err != nil {
-			return 0, cur, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
+			return 0, cur, false, fmt.Errorf("relay %s: take changes: %w", c.Name, err)
 		}
 	}
 	if err := r.sendPage(ctx, fence, c, items, open, next); err != nil {
-		return 0, cur, err
+		return 0, cur, false, err
 	}
-	return len(page), next, nil
+	return len(page), next, true, nil
 }
 
 // pageState runs pageStateSQL for items.
@@ -185,7 +200,7 @@ func (r *Relay) sendPage(ctx context.Context, fence Fence, c Consumer, items []*
 		if err != nil {
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
-		r.noteAll(c.Name, outcomes)
+		r.noteAll(ctx, c.Name, outcomes)
 		return nil
 	}, outcomes...)
 }
@@ -261,6 +276,7 @@ func (r *Relay) sendChains(ctx context.Context, c Consumer, chains [][]*taken, d
 			for i, t := range chain {
 				actx, cancel := context.WithTimeout(ctx, r.timeout)
 				actx, span := r.span(actx, c, t.change)
+				t.span = span.SpanContext()
 				t.result, t.err = c.Destination.Deliver(actx, t.change)
 				endSpan(span, t.result, t.err)
 				cancel()
@@ -329,10 +345,10 @@ func (r *Relay) insertOutcomes(ctx context.Context, tx pgx.Tx, consumer string, 
 }
 
 // noteAll logs and counts the attempts of outcomes, once recorded.
-func (r *Relay) noteAll(consumer string, outcomes []*taken) {
+func (r *Relay) noteAll(ctx context.Context, consumer string, outcomes []*taken) {
 	for _, t := range outcomes {
 		if !t.pending {
-			r.note(consumer, &t.delivery)
+			r.note(ctx, consumer, &t.delivery)
 		}
 	}
 }

@@ -48,11 +48,12 @@ RETURNING name`
 	reenableSQL = `UPDATE feed_consumers SET enabled = true WHERE name = ANY($1::text[]) AND NOT enabled RETURNING name`
 )
 
-// registerWait bounds how long Register waits for the transactions
-// older than a new start to end. A transaction held open longer (in any
-// database of the server: transaction ids are the server's) delays no
-// start-up beyond it; what it commits then counts as before the start.
-const registerWait = 5 * time.Second
+// DefaultRegisterWait is Config.RegisterWait's default: how long
+// Register waits for the transactions older than a new start to end. A
+// transaction held open longer (in any database of the server:
+// transaction ids are the server's) delays no start-up beyond it; what it
+// commits then counts as before the start.
+const DefaultRegisterWait = 5 * time.Second
 
 // Register records the start of each consumer r has that feed_consumers
 // does not know yet (its cursor at the end of the feed, enabled; for
@@ -60,10 +61,9 @@ const registerWait = 5 * time.Second
 // ones enabled, their cursors untouched. serve calls it
 // before its listener accepts anything, so that every change the replica
 // accepts is after its consumers' start, whichever replica leads the
-// relay and whenever it gets to them.
-func (r *Relay) Register(ctx context.Context) error { return r.register(ctx, registerWait) }
-
-func (r *Relay) register(ctx context.Context, wait time.Duration) error {
+// relay and whenever it gets to them. It waits up to Config.RegisterWait
+// for older transactions, and only when it recorded a start.
+func (r *Relay) Register(ctx context.Context) error {
 	names := r.names()
 	if len(names) == 0 {
 		return nil
@@ -85,7 +85,7 @@ func (r *Relay) register(ctx context.Context, wait time.Duration) error {
 		return fmt.Errorf("relay: register consumers: %w", err)
 	}
 	if len(added) > 0 {
-		if err := r.waitPassed(ctx, start, wait); err != nil {
+		if err := r.waitPassed(ctx, start, r.registerWait); err != nil {
 			return fmt.Errorf("relay: register consumers: %w", err)
 		}
 	}

@@ -199,28 +199,43 @@ func TestRegisterBoundary(t *testing.T) {
 }
 
 // TestRegisterWaitIsBounded: a transaction older than the start held open
-// delays Register by its bound only; what it commits later is before the
-// start, and what comes after Register is delivered.
+// delays Register by its bound (Config.RegisterWait) only; what it
+// commits later is before the start, and what comes after Register is
+// delivered.
 func TestRegisterWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
+	// The held transaction delays every Register on the server (each
+	// test's database is on one): it is held for the bound and no more.
+	const bound = 100 * time.Millisecond
 	held, heldID := openChange(t, pool, "held-open")
 	r := newRig(t, pool, fast)
+	r.relay = relay.New(relay.Config{
+		Pool:         pool,
+		Consumers:    []relay.Consumer{{Name: "test", Kinds: []string{ledger.KindSupportMessage}, Destination: r.dest}},
+		Poll:         10 * time.Millisecond,
+		RegisterWait: bound,
+	})
 	began := time.Now()
-	if err := r.relay.RegisterWithin(ctx, 200*time.Millisecond); err != nil {
+	err := r.relay.Register(ctx)
+	took := time.Since(began)
+	if cerr := held.Commit(ctx); cerr != nil {
+		t.Fatal(cerr)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(began); took < 200*time.Millisecond {
+	if took < bound {
 		t.Errorf("Register returned after %v, before its bound, with an older transaction running", took)
+	}
+	if took > bound+2*time.Second {
+		t.Errorf("Register returned after %v, want about its bound (%v)", took, bound)
 	}
 	if c, ok := testConsumer(t, pool); !ok || !c.enabled {
 		t.Fatalf("the consumer's row is %+v (found %v), want it enabled", c, ok)
 	}
 	after := addChange(t, pool, ledger.KindSupportMessage, "after")
-	if err := held.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
 	r.start(t, nil)
 	waitState(t, pool, after, relay.Delivered)
 	if d, ok := deliveries(t, pool)[heldID]; ok {

@@ -110,6 +110,10 @@ type Config struct {
 	// Tracer, when not nil, traces each attempt (internal/tracing) and
 	// the forward's calls to Resend; nil adds no instrumentation.
 	Tracer trace.TracerProvider
+	// RegisterWait bounds how long Register waits for the transactions
+	// older than a new start to end (0: DefaultRegisterWait). Tests that
+	// share a server with others may shorten it.
+	RegisterWait time.Duration
 }
 
 // Relay follows the feed for its consumers.
@@ -134,6 +138,8 @@ type Relay struct {
 	// mode plans each run with its arguments, for a fraction of a
 	// millisecond per batch; every other mode already does.
 	replan []any
+	// registerWait is Config.RegisterWait, defaulted.
+	registerWait time.Duration
 }
 
 // New builds the relay and its destinations from cfg, and registers its
@@ -157,6 +163,9 @@ func New(cfg Config) *Relay {
 	}
 	if r.batch <= 0 {
 		r.batch = 100
+	}
+	if r.registerWait = cfg.RegisterWait; r.registerWait <= 0 {
+		r.registerWait = DefaultRegisterWait
 	}
 	if r.timeout <= 0 {
 		r.timeout = 2 * time.Minute
@@ -204,15 +213,18 @@ func (r *Relay) consumer(name string) (Consumer, bool) {
 // Run relays until ctx ends (it returns nil) or fence fails (an error
 // wrapping ErrFenced). It first marks which consumers are enabled (those
 // it has; the others then hold retention back no more) and goes on from
-// each one's cursor, placing one that Register has not as Register would.
-// A failed pass is
-// logged and tried again at the next poll.
+// each one's cursor. One that Register has not placed (a relay run on
+// its own, as in tests) starts at Run's own transaction, as Register
+// would place it, but without waiting for older transactions to end: a
+// change one of them commits later counts as before the start. A failed
+// pass is logged and tried again at the next poll.
 func (r *Relay) Run(ctx context.Context, fence Fence) error {
 	cursors, err := r.enable(ctx, fence)
 	if err != nil {
 		return r.stopped(ctx, err)
 	}
-	checked := map[string]uint64{} // the floor last checked for a gap, per consumer
+	checked := map[string]uint64{}   // the floor last checked for a gap, per consumer
+	stored := map[string]time.Time{} // when the cursor was last stored, per consumer
 	var trimmed time.Time
 	for {
 		if r.retention > 0 && time.Since(trimmed) >= trimEvery {
@@ -223,7 +235,7 @@ func (r *Relay) Run(ctx context.Context, fence Fence) error {
 		}
 		busy := false
 		for _, c := range r.consumers {
-			more, err := r.pass(ctx, fence, c, cursors, checked)
+			more, err := r.pass(ctx, fence, c, cursors, checked, stored)
 			if err != nil {
 				if errors.Is(err, ErrFenced) || ctx.Err() != nil {
 					return r.stopped(ctx, err)
@@ -313,7 +325,8 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 			return err
 		}
 		// serve has registered them before it took any delivery; this
-		// places one that was not (a relay run on its own, as in tests).
+		// places one that was not (a relay run on its own, as in tests),
+		// without Register's wait (see Run).
 		if _, _, err := addConsumers(ctx, tx, names); err != nil {
 			return err
 		}
@@ -343,7 +356,7 @@ func (r *Relay) enable(ctx context.Context, fence Fence) (map[string]ledger.Curs
 
 // pass takes the consumer's new changes and runs its due deliveries. more
 // is true when there is more to do at once (a full page or batch).
-func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[string]ledger.Cursor, checked map[string]uint64) (more bool, err error) {
+func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[string]ledger.Cursor, checked map[string]uint64, stored map[string]time.Time) (more bool, err error) {
 	cur := cursors[c.Name]
 	if floor := cur.Floor(); checked[c.Name] != floor {
 		if err := ledger.CheckCursor(ctx, r.pool, cur); errors.Is(err, ledger.ErrCursorExpired) {
@@ -355,11 +368,14 @@ func (r *Relay) pass(ctx context.Context, fence Fence, c Consumer, cursors map[s
 		}
 		checked[c.Name] = floor
 	}
-	took, next, err := r.take(ctx, fence, c, cur)
+	took, next, moved, err := r.take(ctx, fence, c, cur, time.Since(stored[c.Name]) < idleMoveEvery)
 	if err != nil {
 		return false, err
 	}
 	cursors[c.Name] = next
+	if moved {
+		stored[c.Name] = time.Now()
+	}
 	ran, err := r.deliverDue(ctx, fence, c)
 	if err != nil {
 		return false, err
@@ -391,7 +407,8 @@ type delivery struct {
 	attempts int // before this attempt
 	result   string
 	err      error
-	out      outcome // as recorded
+	out      outcome           // as recorded
+	span     trace.SpanContext // the attempt's span, for its log line
 }
 
 // deliverDue runs the consumer's due deliveries, Parallel at a time (each
@@ -399,7 +416,11 @@ type delivery struct {
 // on the far side, and records their outcomes as they come, one statement
 // for all those done within a flush interval: a slow or rate-limited
 // destination's first outcomes are on record (and visible) long before
-// the batch's last. It returns how many it started.
+// the batch's last. It returns how many it started. As a page does, it
+// checks the fence before it sends anything, so that a replica that lost
+// the lead sends none of them beside its successor; a poll with nothing
+// due opens no transaction (the fence's row lock would take a
+// transaction id and write, every poll, on an idle service).
 func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, error) {
 	rows, err := r.pool.Query(ctx, dueSQL, r.batchArgs(c.Name, r.batch)...)
 	if err != nil {
@@ -421,6 +442,11 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 	if len(due) == 0 {
 		return 0, nil
 	}
+	if fence != nil {
+		if err := r.inTx(ctx, fence, func(pgx.Tx) error { return nil }); err != nil {
+			return 0, fmt.Errorf("relay %s: due deliveries: %w", c.Name, err)
+		}
+	}
 	chains := make([][]*taken, len(due))
 	for i, d := range due {
 		chains[i] = []*taken{{delivery: *d}} // each of another order key
@@ -437,7 +463,7 @@ func (r *Relay) deliverDue(ctx context.Context, fence Fence, c Consumer) (int, e
 			return fmt.Errorf("relay %s: record deliveries: %w", c.Name, err)
 		}
 		for _, d := range ds {
-			r.note(c.Name, d)
+			r.note(ctx, c.Name, d)
 		}
 		return nil
 	})
@@ -489,13 +515,18 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, consumer string, due []*d
 // note logs and counts an attempt whose outcome is recorded: a failed
 // attempt at warn, a dead delivery at error, each once, so that a failing
 // destination speaks up in the log and not only in relay list.
-func (r *Relay) note(consumer string, d *delivery) {
+func (r *Relay) note(ctx context.Context, consumer string, d *delivery) {
 	r.metrics.deliveries.WithLabelValues(consumer, string(d.out.state)).Inc()
-	r.log(consumer, d)
+	r.log(ctx, consumer, d)
 }
 
-// log logs an attempt whose outcome is recorded, if it failed.
-func (r *Relay) log(consumer string, d *delivery) {
+// log logs an attempt whose outcome is recorded, if it failed, in the
+// context of the attempt's span: a sampled attempt's line carries its
+// trace_id and span_id (tracing.LogHandler).
+func (r *Relay) log(ctx context.Context, consumer string, d *delivery) {
+	if d.span.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, d.span)
+	}
 	o := d.out
 	args := []any{"consumer", consumer, "change_id", d.change.ID, "subject", d.change.Subject,
 		"attempt", d.attempts + 1}
@@ -505,10 +536,10 @@ func (r *Relay) log(consumer string, d *delivery) {
 	switch o.state {
 	case Failed:
 		args = append(args, "err", d.err, "next_attempt_at", *o.next)
-		r.logger.Warn("relay: delivery attempt failed", args...)
+		r.logger.WarnContext(ctx, "relay: delivery attempt failed", args...)
 	case Dead:
 		args = append(args, "err", d.err)
-		r.logger.Error("relay: delivery dead: no more attempts; relay retry runs it again", args...)
+		r.logger.ErrorContext(ctx, "relay: delivery dead: no more attempts; relay retry runs it again", args...)
 	}
 }
 

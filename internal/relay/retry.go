@@ -66,6 +66,7 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 	}
 	actx, cancel := context.WithTimeout(ctx, r.timeout)
 	actx, span := r.span(actx, c, d.change)
+	d.span = span.SpanContext()
 	d.result, d.err = c.Destination.Deliver(actx, d.change)
 	endSpan(span, d.result, d.err)
 	cancel()
@@ -82,7 +83,7 @@ func (r *Relay) Retry(ctx context.Context, consumer string, changeID int64) (Del
 	if err != nil {
 		return Delivery{}, fmt.Errorf("retry %s %d: record: %w", consumer, changeID, err)
 	}
-	r.log(consumer, d)
+	r.log(ctx, consumer, d)
 	return r.get(ctx, consumer, changeID)
 }
 

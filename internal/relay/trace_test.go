@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/munchable/munchable-webhooks/internal/dbtest"
 	"github.com/munchable/munchable-webhooks/internal/ledger"
 	"github.com/munchable/munchable-webhooks/internal/relay"
+	"github.com/munchable/munchable-webhooks/internal/tracing"
 )
 
 // A change made by a traced delivery (changes.traceparent) is sent to the
@@ -110,5 +113,52 @@ func TestAppWebhookWithoutTraceSendsNoTraceparent(t *testing.T) {
 	}
 	if got := rec.got()[0].Header.Get("traceparent"); got != "" {
 		t.Errorf("an untraced webhook carried traceparent %q", got)
+	}
+}
+
+// A failed attempt's log line is logged in the context of the attempt's
+// span: with a logger that follows traces (serve's, when tracing is on),
+// it carries the span's trace_id and span_id.
+func TestFailedAttemptLogCarriesItsTrace(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	var logs syncBuffer
+	spans := tracetest.NewSpanRecorder()
+	dest := newScript()
+	dest.set("down", func(int) error { return errors.New("connection refused") })
+	r := relay.New(relay.Config{
+		Pool:      pool,
+		Consumers: []relay.Consumer{{Name: "test", Kinds: []string{ledger.KindSupportMessage}, Destination: dest}},
+		Schedule:  []time.Duration{time.Hour},
+		Poll:      10 * time.Millisecond,
+		Logger:    slog.New(tracing.LogHandler(slog.NewJSONHandler(&logs, nil))),
+		Tracer:    sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitConsumer(t, pool)
+	id := addChange(t, pool, ledger.KindSupportMessage, "down")
+	waitState(t, pool, id, relay.Failed)
+	// The line follows the record's commit.
+	var line map[string]any
+	waitFor(t, "the failed attempt's line", func() bool {
+		for _, m := range logs.lines(t) {
+			if m["msg"] == "relay: delivery attempt failed" {
+				line = m
+			}
+		}
+		return line != nil
+	})
+
+	ended := spans.Ended()
+	if len(ended) != 1 {
+		t.Fatalf("%d spans ended, want the attempt's", len(ended))
+	}
+	sc := ended[0].SpanContext()
+	if line["trace_id"] != sc.TraceID().String() || line["span_id"] != sc.SpanID().String() {
+		t.Errorf("the attempt's line has trace_id %v, span_id %v; want the attempt's span %s %s",
+			line["trace_id"], line["span_id"], sc.TraceID(), sc.SpanID())
 	}
 }
