@@ -39,6 +39,18 @@ func TestFormDatabaseShare(t *testing.T) {
 	h := support.NewForm(support.NewQueue(pool), support.FormConfig{Rate: 100, DatabaseMaxConns: 4, Registerer: reg}).Submit()
 
 	unlock := dbtest.LockTable(t, dbURL, "support_messages")
+	// A honeypot post draws its id from the table's sequence, which the
+	// table's lock does not hold: ALTER SEQUENCE in an open transaction
+	// holds nextval too, so that whichever post takes the form's share,
+	// a person's or the bot's, waits on the database until its deadline.
+	seq, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { seq.Close(context.Background()) })
+	if _, err := seq.Exec(context.Background(), `BEGIN; ALTER SEQUENCE support_messages_id_seq INCREMENT BY 1`); err != nil {
+		t.Fatal(err)
+	}
 
 	var wg sync.WaitGroup
 	answers := make([]int, 4)
@@ -48,12 +60,6 @@ func TestFormDatabaseShare(t *testing.T) {
 			fields := map[string]any{"email": "ada@example.com", "message": "Help " + strconv.Itoa(i)}
 			if i == len(answers)-1 {
 				fields["website"] = "https://spam.example"
-				// The bot's post goes once a person's holds the form's
-				// connection: first, it would draw its id from the
-				// sequence, which the lock does not hold, and be answered.
-				for pool.Stat().AcquiredConns() == 0 {
-					time.Sleep(time.Millisecond)
-				}
 			}
 			w := postJSON(t, h, fields)
 			answers[i], retryAfter[i] = w.Code, w.Header().Get("Retry-After")
@@ -99,6 +105,9 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err 
 	wantCounts(t, reg, map[string]float64{"failed": 4})
 
 	unlock()
+	if _, err := seq.Exec(context.Background(), `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
 	if w := postJSON(t, h, map[string]any{"email": "ada@example.com", "message": "Help"}); w.Code != http.StatusAccepted {
 		t.Errorf("after the lock: status = %d %s, want 202", w.Code, w.Body)
 	}
