@@ -104,11 +104,7 @@ func TestRelayListAndRetry(t *testing.T) {
 	dbURL := dbtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	ctx := context.Background()
-	id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: "form:1",
-		FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := queueFormMessage(t, pool, "form:1")
 	change := fmt.Sprintf(`{"id":7,"kind":"support_message","subject":"%d","after":{"id":%d}}`, id, id)
 	if _, err := pool.Exec(ctx, `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, last_error, change)
 VALUES ('forward', 7, $1, $1, 'dead', 8, 'resend answered 503', $2)`, fmt.Sprint(id), change); err != nil {
@@ -175,12 +171,7 @@ func TestRelayRetryByState(t *testing.T) {
 	var ids []int64
 	failing = "none"
 	for i := range 4 {
-		id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: fmt.Sprintf("form:%d", i),
-			FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
+		ids = append(ids, queueFormMessage(t, pool, fmt.Sprintf("form:%d", i)))
 	}
 	// Changes 11 and 12 dead this weekend, 13 failed, 10 dead a month ago.
 	for i, row := range []struct {
@@ -280,11 +271,7 @@ func TestRelayRetryTraced(t *testing.T) {
 	dbURL := dbtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	ctx := context.Background()
-	id, _, err := support.NewQueue(pool).Enqueue(ctx, support.Message{Source: support.SourceWeb, ExternalID: "form:1",
-		FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := queueFormMessage(t, pool, "form:1")
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	change := fmt.Sprintf(`{"id":7,"kind":"support_message","subject":"%d","after":{"id":%d},"traceparent":"00-%s-00f067aa0ba902b7-01"}`, id, id, traceID)
 	if _, err := pool.Exec(ctx, `INSERT INTO relay_deliveries (consumer, change_id, subject, order_key, state, attempts, last_error, change)
@@ -309,4 +296,16 @@ VALUES ('forward', 7, $1, $1, 'dead', 8, 'resend answered 503', $2)`, fmt.Sprint
 		}
 	}
 	t.Errorf("spans exported %q, want relay forward for change 7 in trace %s", names, traceID)
+}
+
+// queueFormMessage queues one form post (the support message the relay
+// tests forward) and returns its id.
+func queueFormMessage(t *testing.T, pool *pgxpool.Pool, externalID string) int64 {
+	t.Helper()
+	id, _, err := support.NewQueue(pool).Enqueue(context.Background(), support.Message{Source: support.SourceWeb, ExternalID: externalID,
+		FromAddress: "bob@example.org", Subject: "Billing", TextBody: "Charged twice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

@@ -23,19 +23,9 @@ import (
 func TestTuplesPerDeliveredChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	// The changes are written over a connection of their own, so that the
+	// The changes are written over a pool of their own, so that the
 	// relay's pool holds only the relay's backends.
-	feed, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(feed.Close)
+	pool, feed := twoPools(t)
 
 	dest := newScript()
 	r := relay.New(relay.Config{
@@ -110,17 +100,7 @@ FROM pg_stat_user_tables WHERE relname IN ('relay_deliveries', 'feed_consumers')
 func TestIdleFeedStoresCursorRarely(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	other, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(other.Close)
+	pool, other := twoPools(t)
 
 	r := relay.New(relay.Config{
 		Pool:      pool,
@@ -153,4 +133,20 @@ func TestIdleFeedStoresCursorRarely(t *testing.T) {
 	if upd > 1 {
 		t.Errorf("%d updates of the relay's tables on an idle feed over 1.5 s, want at most 1", upd)
 	}
+}
+
+// twoPools opens two pools on one new database: the relay's, and another
+// for the test's own writes, so that the relay's holds only its backends.
+func twoPools(t *testing.T) (relays, other *pgxpool.Pool) {
+	t.Helper()
+	url := dbtest.NewDatabase(t)
+	open := func() *pgxpool.Pool {
+		p, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	return open(), open()
 }
